@@ -1,0 +1,47 @@
+"""EPL (Easy Parallel Library): distributed training for TensorFlow 1.15 graphs.
+
+Quick start::
+
+    import epl
+    epl.init()
+    epl.set_default_strategy(epl.replicate(1))
+    ...  # unchanged TF1 model and training loop
+
+Names are loaded lazily so that ``epl-launch`` starts without importing
+TensorFlow.
+"""
+import importlib
+
+from epl.version import VERSION
+
+_EXPORTS = {
+    "Config": "epl.config",
+    "ConfigError": "epl.config",
+    "Env": "epl.env",
+    "init": "epl.env",
+    "reset": "epl.env",
+    "Cluster": "epl.cluster",
+    "Graph": "epl.ir",
+    "GraphKeys": "epl.ir",
+    "add_to_collection": "epl.ir",
+    "get_collection": "epl.ir",
+    "get_all_collections": "epl.ir",
+    "replicate": "epl.strategies",
+    "split": "epl.strategies",
+    "set_default_strategy": "epl.strategies",
+}
+
+__all__ = sorted(_EXPORTS) + ["VERSION"]
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError("module 'epl' has no attribute %r" % name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,108 @@
+"""The process-level context behind ``epl.Env.get()``: config, cluster, server.
+
+One Env per thread that called ``epl.init`` (other threads see the Env of the
+most recent ``epl.init``), so an in-process multi-worker test can run one
+worker per thread, each with its own cluster view. Lower layers never read the
+Env: the hooks resolve it once at the TF boundary and pass config and cluster
+down explicitly.
+"""
+import logging
+import threading
+
+from epl import tf_adapter
+from epl.cluster import Cluster
+from epl.config import Config
+from epl.ir.graph import Graph
+from epl.strategies.context import reset_context
+
+LOG = logging.getLogger("epl")
+
+
+class Env(object):
+    """Configuration, cluster and TF server of one EPL job (seed API)."""
+
+    _local = threading.local()
+    _latest = None
+    _lock = threading.Lock()
+
+    def __init__(self, config, cluster):
+        self.config = config
+        self.cluster = cluster
+        self.server = None
+
+    @classmethod
+    def get(cls):
+        """The current Env; a default one (no epl.init yet) is created on demand."""
+        env = getattr(cls._local, "env", None) or cls._latest
+        if env is None:
+            with cls._lock:
+                if cls._latest is None:
+                    config = Config()
+                    cls._latest = Env(config, Cluster.from_environment(config))
+                env = cls._latest
+        return env
+
+    @classmethod
+    def _activate(cls, env):
+        cls._local.env = env
+        cls._latest = env
+
+    @classmethod
+    def _deactivate(cls):
+        cls._local.env = None
+        cls._latest = None
+
+    def graph(self, tf_graph=None):
+        """EPL view of ``tf_graph`` (default graph), owned by this Env."""
+        view = Graph.get(tf_graph)
+        if view.owner is None:
+            view.owner = self
+        return view
+
+    def __repr__(self):
+        return "Env(%r, config with %d keys)" % (self.cluster, len(self.config.to_dict()))
+
+
+def _hooks():
+    from epl.parallel.registry import HOOKS
+    return HOOKS
+
+
+def init(config=None, cluster=None):
+    """Start EPL: validate config, discover the cluster, install TF hooks.
+
+    A second call starts over: new config, no TaskGraphs, no scopes, a fresh
+    default graph (unless called inside ``with tf.Graph().as_default()``).
+    ``cluster`` is for tests that simulate several workers in one process.
+    """
+    if tf_adapter.executing_eagerly():
+        raise RuntimeError(
+            "epl.init() needs TensorFlow graph mode, but eager execution is enabled. "
+            "Call tf.compat.v1.disable_eager_execution() (or do not enable eager "
+            "execution) before epl.init().")
+    if config is None:
+        config = Config()
+    elif isinstance(config, dict):
+        config = Config(config)
+    elif not isinstance(config, Config):
+        raise TypeError("epl.init(config=...) expects an epl.Config or a dict, got %s"
+                        % type(config).__name__)
+    if cluster is None:
+        cluster = Cluster.from_environment(config)
+    Graph.reset_all()
+    reset_context()
+    if not tf_adapter.graph_is_nested():
+        tf_adapter.tf.reset_default_graph()
+    env = Env(config, cluster)
+    Env._activate(env)
+    _hooks().install()
+    LOG.info("EPL initialized: %r", cluster)
+    return env
+
+
+def reset():
+    """Undo ``epl.init``: restore TensorFlow's original functions, drop EPL state."""
+    _hooks().uninstall()
+    Graph.reset_all()
+    reset_context()
+    Env._deactivate()

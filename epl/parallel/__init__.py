@@ -1,0 +1,1 @@
+"""Planner, rewrite passes and the TensorFlow integration hooks."""

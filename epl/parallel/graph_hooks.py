@@ -1,0 +1,82 @@
+"""Hooks that record every op's TaskGraph and phase while the model is built.
+
+Op creation registers the op with the active strategy segment; ``tf.gradients``
+runs in the BACKWARD phase with ``colocate_gradients_with_ops`` forced on (so
+each gradient op can be attributed to its forward op); ``apply_gradients`` runs
+in the APPLY phase and records the (gradient, variable) pairs EPL aggregates;
+savers and MonitoredSession scaffolds run in the SESSION phase (never cloned).
+"""
+import functools
+import inspect
+
+from epl import tf_adapter
+from epl.ir.graph import Graph
+from epl.ir.phase import Phase
+from epl.parallel.hooks import Patch
+from epl.strategies.context import get_context
+
+
+def _view(tf_graph=None):
+    """EPL view of a graph, or None for function-body graphs."""
+    tf_graph = tf_graph if tf_graph is not None else tf_adapter.get_default_graph()
+    if tf_adapter.is_function_graph(tf_graph):
+        return None
+    return Graph.get(tf_graph)
+
+
+def _wrap_add_op(original):
+    @functools.wraps(original)
+    def _add_op(self, op):
+        original(self, op)
+        view = _view(self)
+        if view is not None:
+            view.register_op(op, get_context().current)
+    return _add_op
+
+
+def _wrap_gradients(original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def gradients_helper(*args, **kwargs):
+        view = _view()
+        if view is None:
+            return original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["colocate_gradients_with_ops"] = True
+        with view.phase_scope(Phase.BACKWARD):
+            return original(*bound.args, **bound.kwargs)
+    return gradients_helper
+
+
+def _wrap_apply_gradients(original):
+    @functools.wraps(original)
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        view = _view()
+        if view is None or view.phase == Phase.APPLY:
+            return original(self, grads_and_vars, global_step=global_step, name=name)
+        grads_and_vars = tuple(grads_and_vars)
+        view.apply_calls.append([(g, v) for g, v in grads_and_vars if g is not None])
+        with view.phase_scope(Phase.APPLY):
+            return original(self, grads_and_vars, global_step=global_step, name=name)
+    return apply_gradients
+
+
+def _wrap_session_phase(original):
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        view = _view()
+        if view is None or view.phase == Phase.SESSION:
+            return original(*args, **kwargs)
+        with view.phase_scope(Phase.SESSION):
+            return original(*args, **kwargs)
+    return wrapper
+
+
+PATCHES = (
+    Patch("graph", tf_adapter.OP_CREATION, _wrap_add_op),
+    Patch("graph", tf_adapter.GRADIENTS, _wrap_gradients),
+    Patch("graph", tf_adapter.APPLY_GRADIENTS, _wrap_apply_gradients),
+    Patch("graph", tf_adapter.SAVER_INIT, _wrap_session_phase),
+    Patch("graph", tf_adapter.SCAFFOLD_FINALIZE, _wrap_session_phase),
+)

@@ -1,0 +1,89 @@
+"""The two parallel strategies, ``replicate`` and ``split``, as scope objects.
+
+Every *entry* into a strategy scope (and every ``set_default_strategy`` call)
+opens a new segment; the ops created in a segment form one TaskGraph. Strategy
+objects carry only what the user said; device assignment happens in the plan.
+
+Example::
+
+    with epl.replicate(device_count=1, name="stage_0"):
+        model_part1()
+"""
+from epl.strategies import context as _context
+from epl.strategies.context import StrategyError
+
+REPLICATE = "replicate"
+SPLIT = "split"
+
+
+class Strategy(object):
+    """Base of replicate/split: validated arguments plus scope behaviour."""
+
+    kind = None
+
+    def __init__(self, device_count=None, name=None):
+        if device_count is not None and (isinstance(device_count, bool)
+                                         or not isinstance(device_count, int)
+                                         or device_count < 1):
+            raise StrategyError("%s(device_count=%r): device_count must be an integer >= 1 "
+                                "or None" % (self.kind, device_count))
+        if name is not None and not isinstance(name, str):
+            raise StrategyError("%s(name=%r): name must be a string or None"
+                                % (self.kind, name))
+        self.device_count = device_count
+        self.name = name
+
+    def __enter__(self):
+        _context.get_context().enter(self)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        _context.get_context().exit(self)
+        return False
+
+    def __repr__(self):
+        args = []
+        if self.device_count is not None:
+            args.append("device_count=%d" % self.device_count)
+        if self.name is not None:
+            args.append("name=%r" % self.name)
+        return "%s(%s)" % (self.kind, ", ".join(args))
+
+
+class Replicate(Strategy):
+    """Data parallelism: the scope's sub-model is copied; each copy gets its own data.
+
+    ``device_count`` is the number of devices ONE copy uses; with more than one,
+    each batch is split evenly across those devices.
+    """
+
+    kind = REPLICATE
+
+
+class Split(Strategy):
+    """Tensor (operator) parallelism: the scope's sub-model is sharded over devices."""
+
+    kind = SPLIT
+
+
+def replicate(device_count=None, name=None):
+    """Open a data-parallel scope (seed API: ``epl.replicate``)."""
+    return Replicate(device_count=device_count, name=name)
+
+
+def split(device_count=None, name=None):
+    """Open an operator-split scope (seed API: ``epl.split``)."""
+    return Split(device_count=device_count, name=name)
+
+
+def set_default_strategy(strategy):
+    """Make ``strategy`` apply to every op created outside explicit scopes.
+
+    Each call starts a new TaskGraph, which is how the BERT tutorial defines
+    pipeline stages with repeated ``set_default_strategy(epl.replicate(1))``.
+    """
+    if not isinstance(strategy, Replicate):
+        raise StrategyError("set_default_strategy accepts epl.replicate(...), got %r"
+                            % (strategy,))
+    _context.get_context().set_default(strategy)
+    return strategy

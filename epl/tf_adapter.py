@@ -1,0 +1,102 @@
+"""The one place EPL touches private TensorFlow modules.
+
+Everything EPL needs from ``tensorflow.python...`` is imported or reached here,
+so that supporting another TensorFlow version (for example 2.x through
+``tf.compat.v1``) changes this file and nothing else. Public TF API is used
+through ``tf`` (the ``tf.compat.v1`` namespace, which exists in 1.15 too).
+"""
+import tensorflow.compat.v1 as tf
+from tensorflow.python.client import session as _session
+from tensorflow.python.eager import context as _context
+from tensorflow.python.framework import ops as _ops
+from tensorflow.python.ops import collective_ops
+from tensorflow.python.ops import gradients_util as _gradients_util
+from tensorflow.python.training import monitored_session as _monitored_session
+from tensorflow.python.training import optimizer as _optimizer
+from tensorflow.python.training import saver as _saver
+from tensorflow.python.training import server_lib as _server_lib
+from tensorflow.python.training import training_util as _training_util
+
+__all__ = ["tf", "collective_ops"]
+
+# Patch targets, grouped by concern: (owner object, attribute name).
+OP_CREATION = (_ops.Graph, "_add_op")
+GRAPH_FINALIZE = (_ops.Graph, "finalize")
+GRADIENTS = (_gradients_util, "_GradientsHelper")
+APPLY_GRADIENTS = (_optimizer.Optimizer, "apply_gradients")
+OPTIMIZER_INIT = (_optimizer.Optimizer, "__init__")
+SESSION_INIT = (_session.BaseSession, "__init__")
+SESSION_RUN = (_session.BaseSession, "run")
+SESSION_MAKE_CALLABLE = (_session.BaseSession, "make_callable")
+SAVER_INIT = (_saver.Saver, "__init__")
+SAVER_SAVE = (_saver.Saver, "save")
+SAVER_RESTORE = (_saver.Saver, "restore")
+SERVER_INIT = (_server_lib.Server, "__init__")
+MONITORED_TRAINING_SESSION = (_monitored_session, "MonitoredTrainingSession")
+SCAFFOLD_FINALIZE = (_monitored_session.Scaffold, "finalize")
+BASE_OPTIMIZER = _optimizer.Optimizer
+BASE_SESSION = _session.BaseSession
+
+
+def executing_eagerly():
+    """True when TF runs eagerly (EPL needs graph mode)."""
+    return _context.executing_eagerly()
+
+
+def op_id(op):
+    """Creation order of an op inside its graph (monotonic)."""
+    return op._id  # pylint: disable=protected-access
+
+
+def set_device(op, device):
+    """Place an already-created op."""
+    op._set_device(device)  # pylint: disable=protected-access
+
+
+def add_control_inputs(op, control_ops):
+    """Add control dependencies to an existing op."""
+    control_ops = [c for c in control_ops if c is not op and c not in op.control_inputs]
+    if control_ops:
+        op._add_control_inputs(control_ops)  # pylint: disable=protected-access
+
+
+def update_input(op, index, tensor):
+    """Rewire input ``index`` of an existing op to ``tensor``."""
+    op._update_input(index, tensor)  # pylint: disable=protected-access
+
+
+def unfinalize(graph):
+    """Let EPL add its ops to a graph that TF is about to finalize."""
+    graph._unsafe_unfinalize()  # pylint: disable=protected-access
+
+
+def colocation_root(op):
+    """Name of the op that ``op`` is explicitly colocated with, or None."""
+    try:
+        groups = op.get_attr("_class")
+    except ValueError:
+        return None
+    for group in groups:
+        name = group.decode() if isinstance(group, bytes) else group
+        if name.startswith("loc:@"):
+            return name[len("loc:@"):]
+    return None
+
+
+def is_function_graph(graph):
+    """True for graphs TF builds for function bodies (dataset maps, defuns)."""
+    return bool(getattr(graph, "_building_function", False))
+
+
+def get_default_graph():
+    return _ops.get_default_graph()
+
+
+def global_step_tensor(graph):
+    """The graph's global step variable (or None), without creating it."""
+    return _training_util.get_global_step(graph)
+
+
+def graph_is_nested():
+    """True inside an explicit ``with tf.Graph().as_default():`` block."""
+    return not _ops._default_graph_stack.is_cleared()  # pylint: disable=protected-access

@@ -1,0 +1,18 @@
+"""Shared fixtures: quiet TF logs, and EPL state never leaks between tests."""
+import os
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@pytest.fixture(autouse=True)
+def _epl_clean_state(monkeypatch):
+    """Each test starts without EPL env overrides and ends with hooks removed."""
+    for name in list(os.environ):
+        if name.startswith("EPL_") or name == "TF_CONFIG":
+            monkeypatch.delenv(name, raising=False)
+    yield
+    import sys
+    if "epl.env" in sys.modules:
+        sys.modules["epl.env"].reset()

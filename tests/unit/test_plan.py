@@ -1,0 +1,102 @@
+"""The plan: pure data from (config, cluster, TaskGraphs); no TF session."""
+import pytest
+
+from epl.cluster import Cluster
+from epl.config import Config
+from epl.parallel.plan import PlanError, TaskGraphSpec, make_plan
+
+STAGES = [TaskGraphSpec("stage_0", "replicate", 1), TaskGraphSpec("stage_1", "replicate", 1)]
+DP = [TaskGraphSpec("model", "replicate", 1)]
+
+
+def local(n):
+    return Cluster(devices_per_worker=n)
+
+
+def workers(w, n):
+    return Cluster(["127.0.0.1:%d" % (2000 + i) for i in range(w)], 0, n)
+
+
+def cpu(i):
+    return "/job:localhost/replica:0/task:0/device:CPU:%d" % i
+
+
+def test_two_stages_on_four_devices():
+    plan = make_plan(Config(), local(4), STAGES)
+    assert plan.num_replicas == 2
+    assert plan.taskgraphs[0].devices == ((cpu(0),), (cpu(2),))
+    assert plan.taskgraphs[1].devices == ((cpu(1),), (cpu(3),))
+    assert plan.stages == (0, 1) and not plan.pipeline
+    assert "2 model replica(s)" in str(plan)
+
+
+def test_pipeline_flag_needs_micro_batches():
+    plan = make_plan(Config({"pipeline.num_micro_batch": 4}), local(2), STAGES)
+    assert plan.pipeline and not plan.gradient_accumulation
+    assert "2 stages, 4 micro-batch(es), schedule PreferBackward" in str(plan)
+
+
+def test_gradient_accumulation_with_one_taskgraph():
+    plan = make_plan(Config({"pipeline.num_micro_batch": 3}), local(1), DP)
+    assert plan.gradient_accumulation and not plan.pipeline and plan.stages == ()
+
+
+def test_data_parallel_on_four_devices():
+    plan = make_plan(Config(), local(4), DP)
+    assert plan.num_replicas == 4
+    assert plan.taskgraphs[0].all_devices == tuple(cpu(i) for i in range(4))
+    assert plan.replicas_built_by(0) == [0, 1, 2, 3]
+
+
+def test_stages_on_two_workers_with_one_device():
+    plan = make_plan(Config(), workers(2, 1), STAGES)
+    assert plan.num_replicas == 1
+    assert plan.taskgraphs[0].devices == (("/job:worker/replica:0/task:0/device:CPU:0",),)
+    assert plan.taskgraphs[1].devices == (("/job:worker/replica:0/task:1/device:CPU:0",),)
+    assert plan.replicas_built_by(0) == [0] and plan.replicas_built_by(1) == []
+    assert plan.workers_used_by(0) == [0, 1]
+
+
+def test_data_parallel_across_workers_is_built_locally():
+    plan = make_plan(Config(), workers(2, 2), DP)
+    assert plan.replicas_built_by(0) == [0, 1] and plan.replicas_built_by(1) == [2, 3]
+    assert plan.workers_used_by(1) == [1]
+
+
+def test_impossible_layout_names_numbers():
+    specs = [TaskGraphSpec("a", "replicate", 2)]
+    with pytest.raises(PlanError, match="needs 2 devices.*has 3 devices"):
+        make_plan(Config(), local(3), specs)
+
+
+def test_no_taskgraphs():
+    with pytest.raises(PlanError, match="no TaskGraphs"):
+        make_plan(Config(), local(1), [])
+
+
+def test_plans_compare_by_value():
+    assert make_plan(Config(), local(4), STAGES) == make_plan(Config(), local(4), STAGES)
+    assert make_plan(Config(), local(4), STAGES) != make_plan(Config(), local(4), DP)
+
+
+def test_colocated_split_and_replicate():
+    config = Config({"cluster.colocate_split_and_replicate": True})
+    specs = [TaskGraphSpec("resnet", "replicate", 4), TaskGraphSpec("fc", "split", 4)]
+    plan = make_plan(config, workers(2, 4), specs)
+    assert plan.num_replicas == 2 and plan.colocated and plan.stages == ()
+    assert plan.taskgraphs[0].devices == plan.taskgraphs[1].devices
+
+
+def test_warns_when_fewer_micro_batches_than_stages(caplog):
+    specs = STAGES + [TaskGraphSpec("stage_2", "replicate", 1)]
+    make_plan(Config({"pipeline.num_micro_batch": 2}), local(3), specs)
+    assert "smaller than the 3 pipeline stages" in caplog.text
+
+
+def test_512_devices_four_stages():
+    specs = [TaskGraphSpec("s%d" % i, "replicate", 1) for i in range(4)]
+    plan = make_plan(Config(), workers(64, 8), specs)
+    assert plan.num_replicas == 128
+    for replica in range(plan.num_replicas):
+        assert len({plan.worker_of[tg.devices[replica][0]] for tg in plan.taskgraphs}) == 1
+    assert sum(len(plan.replicas_built_by(w)) for w in range(64)) == 128
