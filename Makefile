@@ -23,7 +23,7 @@ $(STAMP): requirements-dev.txt setup.py tools/find_python.sh
 	touch $(STAMP)
 
 lint: setup
-	$(PY) -m flake8 epl tests tools benchmarks examples
+	$(PY) -m flake8 $$(ls -d epl tests tools benchmarks examples 2>/dev/null) tools/epl-launch
 
 unit: setup
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)

@@ -1,0 +1,235 @@
+"""epl.launcher with real processes: tiny non-TF worker scripts, no mocks.
+
+Each test writes its worker script to tmp_path. Workers find out who they are
+from TF_CONFIG, exactly as a real EPL worker would."""
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from epl import launcher
+
+REPO = str(Path(__file__).resolve().parents[2])
+
+PRELUDE = """\
+import json, os, subprocess, sys, time
+INDEX = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+"""
+
+
+def _script(tmp_path, body, name="worker.py"):
+    path = tmp_path / name
+    text = textwrap.dedent(body)
+    path.write_text(PRELUDE + text if name.endswith(".py") else text)
+    return str(path)
+
+
+def _pid_alive(pid):
+    """A zombie counts as gone: it no longer runs, it just awaits reaping."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+        return stat[stat.rindex(")") + 2] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for_files(paths, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() and p.read_text().endswith("\n") for p in paths):
+        assert time.monotonic() < deadline, "workers did not start: %s" % paths
+        time.sleep(0.05)
+
+
+def _read_pids(paths):
+    return [int(x) for p in paths for x in p.read_text().split()]
+
+
+def _run_main(tmp_path, argv, capsys, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    code = launcher.main(["--log_dir", str(tmp_path / "logs")] + argv, detect_gpus=lambda: 0)
+    return code, capsys.readouterr()
+
+
+@pytest.mark.timeout(60)
+def test_all_workers_succeed(tmp_path, capsys, monkeypatch):
+    script = _script(tmp_path, """
+        print("hello from", INDEX, "devices", os.environ["EPL_NUM_VIRTUAL_DEVICES"])
+        print("args", sys.argv[1:], "logdir", os.environ["EPL_LAUNCH_LOG_DIR"])
+        print("unbuffered", os.environ["PYTHONUNBUFFERED"], "debug",
+              os.environ.get("EPL_DEBUG"))
+    """)
+    code, out = _run_main(tmp_path, ["--num_workers", "3", "--gpu_per_worker", "2",
+                                     script, "--lr", "a b"], capsys, monkeypatch)
+    assert code == 0, out.err
+    assert "3 worker(s) x 2 virtual CPU device(s)" in out.out
+    logs = tmp_path / "logs"
+    for i in range(3):
+        assert "[worker %d] hello from %d devices 2\n" % (i, i) in out.out
+        assert "[worker %d] args ['--lr', 'a b'] logdir %s\n" % (i, logs) in out.out
+        log = (logs / ("worker_%d.log" % i)).read_text()
+        assert log.startswith("hello from %d devices 2\n" % i)  # raw, no prefix
+        assert "unbuffered 1 debug None" in log
+
+
+@pytest.mark.timeout(60)
+def test_each_worker_gets_its_own_tf_config(tmp_path, capsys, monkeypatch):
+    script = _script(tmp_path, """
+        print("CONFIG", os.environ["TF_CONFIG"])
+    """)
+    code, out = _run_main(tmp_path, ["--num_workers", "2", "--gpu_per_worker", "1", script],
+                          capsys, monkeypatch)
+    assert code == 0, out.err
+    configs = {}
+    for line in out.out.splitlines():
+        if " CONFIG " in line:
+            cfg = json.loads(line.split(" CONFIG ", 1)[1])
+            configs[cfg["task"]["index"]] = cfg
+    assert sorted(configs) == [0, 1]
+    hosts = configs[0]["cluster"]["worker"]
+    assert len(hosts) == 2 and len(set(hosts)) == 2
+    assert all(h.startswith("127.0.0.1:") for h in hosts)
+    assert configs[1]["cluster"]["worker"] == hosts
+
+
+@pytest.mark.timeout(60)
+def test_failed_worker_stops_the_others(tmp_path):
+    pid_file = tmp_path / "pid1"
+    script = _script(tmp_path, """
+        if INDEX == 1:
+            with open(sys.argv[1] + ".tmp", "w") as f:
+                f.write("%d\\n" % os.getpid())
+            os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+            time.sleep(1000)
+        while not os.path.exists(sys.argv[1]):
+            time.sleep(0.02)
+        for n in range(1, 26):
+            print("line", n)
+        sys.exit(3)
+    """)
+    settings = launcher.parse_args(["--num_workers", "2", "--gpu_per_worker", "1",
+                                    "--log_dir", str(tmp_path / "logs"), script,
+                                    str(pid_file)])
+    hosts = ["127.0.0.1:%d" % p for p in launcher.pick_free_ports(2)]
+    specs = launcher.plan_workers(settings, hosts, [], dict(os.environ))
+    out, err = io.StringIO(), io.StringIO()
+    start = time.monotonic()
+    code = launcher.execute(specs, stdout=out, stderr=err)
+    assert code == 3
+    assert time.monotonic() - start < 8
+    report = err.getvalue()
+    assert "epl-launch: worker 0 failed with exit code 3" in report
+    assert "line 25\n" in report and "line 6\n" in report and "line 5\n" not in report
+    assert not _pid_alive(_read_pids([pid_file])[0])
+    assert "[worker 0] line 25" in out.getvalue()
+
+
+@pytest.mark.timeout(60)
+def test_worker_ignoring_sigterm_is_killed_after_grace(tmp_path):
+    pid_file = tmp_path / "pid1"
+    script = _script(tmp_path, """
+        import signal
+        if INDEX == 1:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            with open(sys.argv[1], "w") as f:
+                f.write("%d\\n" % os.getpid())
+            time.sleep(1000)
+        while not os.path.exists(sys.argv[1]):
+            time.sleep(0.02)
+        time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    settings = launcher.parse_args(["--num_workers", "2", "--gpu_per_worker", "1",
+                                    "--log_dir", str(tmp_path / "logs"), script,
+                                    str(pid_file)])
+    specs = launcher.plan_workers(settings, ["127.0.0.1:1", "127.0.0.1:2"], [],
+                                  dict(os.environ))
+    err = io.StringIO()
+    start = time.monotonic()
+    code = launcher.execute(specs, grace_period=0.5, stdout=io.StringIO(), stderr=err)
+    elapsed = time.monotonic() - start
+    assert code == 128 + signal.SIGKILL
+    assert "worker 0 failed with exit code 137 (killed by SIGKILL)" in err.getvalue()
+    assert 0.5 <= elapsed < 8
+    assert not _pid_alive(_read_pids([pid_file])[0])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("signum,expected", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_to_launcher_stops_every_worker(tmp_path, signum, expected):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    script = _script(tmp_path, """
+        child = subprocess.Popen(["sleep", "1000"])  # grandchild: must die too
+        path = os.path.join(sys.argv[1], str(INDEX))
+        with open(path + ".tmp", "w") as f:
+            f.write("%d %d\\n" % (os.getpid(), child.pid))
+        os.rename(path + ".tmp", path)
+        time.sleep(1000)
+    """)
+    env = dict(os.environ, PYTHONPATH=REPO, CUDA_VISIBLE_DEVICES="")
+    with open(tmp_path / "out", "wb") as out, open(tmp_path / "err", "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "epl.launcher", "--num_workers", "2", "--gpu_per_worker",
+             "1", "--log_dir", str(tmp_path / "logs"), script, str(pid_dir)],
+            env=env, stdout=out, stderr=err, cwd=str(tmp_path))
+        try:
+            pid_files = [pid_dir / "0", pid_dir / "1"]
+            _wait_for_files(pid_files)
+            pids = _read_pids(pid_files)
+            assert all(_pid_alive(p) for p in pids)
+            proc.send_signal(signum)
+            assert proc.wait(timeout=20) == expected
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert not [p for p in pids if _pid_alive(p)]
+    name = signal.Signals(signum).name
+    assert "received %s, stopping workers" % name in (tmp_path / "err").read_text()
+
+
+@pytest.mark.timeout(60)
+def test_shell_script_runs_with_bash(tmp_path, capsys, monkeypatch):
+    script = _script(tmp_path, """\
+        echo "bash=${BASH_VERSION:+yes} args=$1|$2 devices=$EPL_NUM_VIRTUAL_DEVICES"
+        [[ "$TF_CONFIG" == *'"index": 1'* ]] && echo "I am one"
+        exit 0
+    """, name="run.sh")
+    code, out = _run_main(tmp_path, ["--num_workers", "2", "--gpu_per_worker", "4", script,
+                                     "x y", "$HOME"], capsys, monkeypatch)
+    assert code == 0, out.err
+    for i in range(2):
+        assert "[worker %d] bash=yes args=x y|$HOME devices=4\n" % i in out.out
+    assert "[worker 1] I am one" in out.out and "[worker 0] I am one" not in out.out
+
+
+@pytest.mark.timeout(60)
+def test_debug_worker_zero_uses_the_terminal(tmp_path):
+    script = _script(tmp_path, """
+        print("debug-check", INDEX, os.environ.get("EPL_DEBUG"))
+        print("stdin", INDEX, repr(sys.stdin.readline()))  # only worker 0 has our stdin
+    """)
+    env = dict(os.environ, PYTHONPATH=REPO, CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run(
+        [sys.executable, "-m", "epl.launcher", "--num_workers", "2", "--gpu_per_worker", "1",
+         "--debug", "--log_dir", str(tmp_path / "logs"), script],
+        env=env, input=b"typed\n", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        timeout=30, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.decode().splitlines()
+    assert "debug-check 0 1" in lines  # worker 0: raw, straight to our stdout
+    assert "stdin 0 'typed\\n'" in lines
+    assert "[worker 1] debug-check 1 1" in lines and "[worker 1] stdin 1 ''" in lines
+    assert not (tmp_path / "logs" / "worker_0.log").exists()
+    assert (tmp_path / "logs" / "worker_1.log").read_text().startswith("debug-check 1 1\n")

@@ -1,0 +1,299 @@
+"""Unit tests for epl.launcher's pure functions: nothing here starts a process."""
+import datetime
+import json
+import os
+
+import pytest
+
+from epl import launcher
+from epl.launcher import (LaunchError, build_tf_config, default_log_dir, device_env,
+                          exit_code_for, parse_args, plan_workers, visible_gpu_ids,
+                          worker_command)
+
+BASE = ["--num_workers", "2", "--gpu_per_worker", "1"]
+PY = "/opt/py/bin/python"
+
+
+def _error(capsys, argv):
+    """Run parse_args expecting an argparse error; return its stderr text."""
+    with pytest.raises(SystemExit) as info:
+        parse_args(argv)
+    assert info.value.code == 2
+    return capsys.readouterr().err
+
+
+def _settings(argv, log_dir="logs"):
+    return parse_args(argv)._replace(log_dir=log_dir)
+
+
+# --- parse_args -------------------------------------------------------------
+
+def test_parse_minimal_defaults():
+    s = parse_args(BASE + ["train.py"])
+    assert (s.num_workers, s.gpu_per_worker) == (2, 1)
+    assert s.machine_list is None and s.machine_rank is None
+    assert s.log_dir is None and s.task_label is None
+    assert s.debug is False and s.script == "train.py" and s.script_args == ()
+
+
+def test_settings_is_immutable():
+    s = parse_args(BASE + ["train.py"])
+    with pytest.raises(AttributeError):
+        s.num_workers = 3
+
+
+def test_script_args_pass_through_even_if_they_look_like_launcher_flags():
+    s = parse_args(BASE + ["train.py", "--lr", "0.1", "--num_workers", "9", "--debug", "a b"])
+    assert s.script_args == ("--lr", "0.1", "--num_workers", "9", "--debug", "a b")
+    assert s.num_workers == 2 and s.debug is False
+
+
+@pytest.mark.parametrize("missing", ["--num_workers", "--gpu_per_worker"])
+def test_required_flags(capsys, missing):
+    argv = list(BASE)
+    pos = argv.index(missing)
+    del argv[pos:pos + 2]
+    assert missing in _error(capsys, argv + ["train.py"])
+
+
+def test_script_is_required(capsys):
+    assert "script" in _error(capsys, BASE)
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("--num_workers", "0"), ("--num_workers", "-1"), ("--num_workers", "two"),
+    ("--gpu_per_worker", "0"), ("--gpu_per_worker", "1.5"),
+])
+def test_bad_counts_name_flag_and_value(capsys, flag, value):
+    argv = BASE + [flag, value, "train.py"]
+    err = _error(capsys, argv)
+    assert flag in err and value in err
+
+
+def test_debug_is_a_true_flag():
+    assert parse_args(BASE + ["--debug", "train.py"]).debug is True
+
+
+def test_debug_takes_no_value():
+    # "--debug False" must not silently mean True: "False" becomes the script.
+    s = parse_args(BASE + ["--debug", "False", "train.py"])
+    assert s.debug is True and s.script == "False" and s.script_args == ("train.py",)
+
+
+def test_machine_list_parsed_as_tuple():
+    s = parse_args(BASE + ["--machine_list", "127.0.0.1:2000, localhost:2001", "t.py"])
+    assert s.machine_list == ("127.0.0.1:2000", "localhost:2001")
+
+
+@pytest.mark.parametrize("entry", [
+    "127.0.0.1", "127.0.0.1:", ":2000", "127.0.0.1:0", "127.0.0.1:65536",
+    "127.0.0.1:abc", "local host:2000",
+])
+def test_machine_list_bad_entries(capsys, entry):
+    err = _error(capsys, BASE + ["--machine_list", "127.0.0.1:2000," + entry, "t.py"])
+    assert "--machine_list" in err and entry.strip() in err
+
+
+def test_machine_list_count_mismatch(capsys):
+    err = _error(capsys, BASE + ["--machine_list", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+                                 "t.py"])
+    assert "--machine_list" in err and "3 entries" in err and "--num_workers is 2" in err
+
+
+def test_machine_rank_requires_machine_list(capsys):
+    err = _error(capsys, BASE + ["--machine_rank", "0", "t.py"])
+    assert "--machine_rank" in err and "--machine_list" in err
+
+
+@pytest.mark.parametrize("rank", ["2", "-1", "x"])
+def test_machine_rank_out_of_range(capsys, rank):
+    err = _error(capsys, BASE + ["--machine_list", "a:1,b:2", "--machine_rank", rank, "t.py"])
+    assert "--machine_rank" in err and rank in err
+
+
+def test_remote_hosts_without_rank_are_rejected(capsys):
+    err = _error(capsys, BASE + ["--machine_list", "127.0.0.1:1,10.0.0.2:2", "t.py"])
+    assert "10.0.0.2:2" in err and "--machine_rank" in err
+
+
+def test_local_hosts_without_rank_are_accepted():
+    s = parse_args(["--num_workers", "3", "--gpu_per_worker", "1", "--machine_list",
+                    "127.0.0.1:1,localhost:2,[::1]:3", "t.py"])
+    assert s.machine_rank is None and len(s.machine_list) == 3
+
+
+def test_task_label_must_be_path_safe(capsys):
+    assert "--task_label" in _error(capsys, BASE + ["--task_label", "a/b", "t.py"])
+
+
+# --- small pure helpers -------------------------------------------------------
+
+@pytest.mark.parametrize("address,expected", [
+    ("127.0.0.1:2222", ("127.0.0.1", 2222)), ("host-a:1", ("host-a", 1)),
+    ("[::1]:65535", ("::1", 65535)), ("::1:80", ("::1", 80)),
+])
+def test_split_host_port(address, expected):
+    assert launcher.split_host_port(address) == expected
+
+
+@pytest.mark.parametrize("host,local", [
+    ("127.0.0.1", True), ("127.1.2.3", True), ("localhost", True), ("::1", True),
+    ("10.0.0.1", False), ("myhost", False), ("0.0.0.0", False),
+])
+def test_is_local_host(host, local):
+    assert launcher.is_local_host(host) is local
+
+
+def test_tf_config_for_each_worker():
+    hosts = ["127.0.0.1:1000", "127.0.0.1:1001", "127.0.0.1:1002"]
+    for i in range(3):
+        cfg = json.loads(build_tf_config(hosts, i))
+        assert cfg == {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": i}}
+
+
+def test_python_script_uses_given_interpreter():
+    argv = worker_command("dir/train.py", ("--x", "a b", "$HOME;rm"), PY)
+    assert argv == [PY, "dir/train.py", "--x", "a b", "$HOME;rm"]
+
+
+def test_other_scripts_run_with_bash():
+    argv = worker_command("run.sh", ["1", "two words"], PY)
+    assert argv == ["bash", "run.sh", "1", "two words"]
+
+
+@pytest.mark.parametrize("count,cvd,expected", [
+    (0, None, []), (0, "0,1", []), (4, None, ["0", "1", "2", "3"]),
+    (8, "3,5,7", ["3", "5", "7"]), (8, "", []), (8, "-1", []), (8, "2,-1,3", ["2"]),
+    (2, "GPU-aaa,GPU-bbb", ["GPU-aaa", "GPU-bbb"]),
+])
+def test_visible_gpu_ids(count, cvd, expected):
+    assert visible_gpu_ids(count, cvd) == expected
+
+
+def test_device_env_gpu_blocks_are_contiguous_and_disjoint():
+    ids = [str(i) for i in range(8)]
+    blocks = [device_env(i, 2, ids)["CUDA_VISIBLE_DEVICES"] for i in range(4)]
+    assert blocks == ["0,1", "2,3", "4,5", "6,7"]
+
+
+def test_device_env_slices_within_preset_cuda_visible_devices():
+    ids = visible_gpu_ids(8, "4,5,6,7")
+    assert device_env(1, 2, ids) == {"CUDA_VISIBLE_DEVICES": "6,7"}
+
+
+def test_device_env_virtual_cpu():
+    assert device_env(3, 4, []) == {"EPL_NUM_VIRTUAL_DEVICES": "4"}
+
+
+def test_default_log_dir():
+    now = datetime.datetime(2024, 1, 2, 3, 4, 5)
+    s = parse_args(["--num_workers", "4", "--gpu_per_worker", "2", "dir/train_mnist.py"])
+    assert default_log_dir(s, now) == os.path.join("experiments",
+                                                   "20240102-030405_4w2g_train_mnist")
+    labelled = s._replace(task_label="lr0.1")
+    assert default_log_dir(labelled, now).endswith("_4w2g_train_mnist_lr0.1")
+
+
+@pytest.mark.parametrize("code,expected", [(3, 3), (-9, 137), (-15, 143), (0, 1)])
+def test_exit_code_for(code, expected):
+    assert exit_code_for(code) == expected
+
+
+# --- plan_workers -------------------------------------------------------------
+
+HOSTS = ["127.0.0.1:2000", "127.0.0.1:2001"]
+ENV = {"PATH": "/bin", "TF_CONFIG": "stale", "EPL_NUM_VIRTUAL_DEVICES": "7"}
+
+
+def test_plan_local_virtual_cpu():
+    specs = plan_workers(_settings(BASE + ["t.py", "x"]), HOSTS, [], ENV, python=PY)
+    assert [s.index for s in specs] == [0, 1]
+    for i, spec in enumerate(specs):
+        assert spec.argv == [PY, "t.py", "x"]
+        assert json.loads(spec.env["TF_CONFIG"])["task"]["index"] == i
+        assert spec.env["EPL_NUM_VIRTUAL_DEVICES"] == "1"
+        assert spec.env["EPL_LAUNCH_LOG_DIR"] == "logs"
+        assert spec.env["PYTHONUNBUFFERED"] == "1" and spec.env["PATH"] == "/bin"
+        assert "EPL_DEBUG" not in spec.env and "CUDA_VISIBLE_DEVICES" not in spec.env
+        assert spec.log_path == os.path.join("logs", "worker_%d.log" % i)
+        assert spec.interactive is False
+    assert ENV["TF_CONFIG"] == "stale"  # base env is not mutated
+
+
+def test_plan_local_gpus_with_simulated_eight_gpus():
+    settings = _settings(["--num_workers", "4", "--gpu_per_worker", "2", "t.sh"])
+    hosts = ["127.0.0.1:%d" % p for p in range(2000, 2004)]
+    specs = plan_workers(settings, hosts, visible_gpu_ids(8, None), ENV, python=PY)
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0,1", "2,3", "4,5", "6,7"]
+    assert all("EPL_NUM_VIRTUAL_DEVICES" not in s.env for s in specs)
+    assert specs[0].argv == ["bash", "t.sh"]
+
+
+def test_plan_too_few_gpus_names_the_numbers():
+    settings = _settings(["--num_workers", "3", "--gpu_per_worker", "4", "t.py"])
+    hosts = ["127.0.0.1:%d" % p for p in range(2000, 2003)]
+    with pytest.raises(LaunchError) as info:
+        plan_workers(settings, hosts, visible_gpu_ids(8, None), ENV)
+    message = str(info.value)
+    assert "3 worker(s) x 4 GPU(s)" in message and "12" in message and "only 8" in message
+
+
+def test_plan_machine_rank_runs_only_that_worker():
+    hosts = ["10.0.0.1:2000", "10.0.0.2:2000", "10.0.0.3:2000"]
+    settings = _settings(["--num_workers", "3", "--gpu_per_worker", "2", "--machine_list",
+                          ",".join(hosts), "--machine_rank", "2", "t.py"])
+    specs = plan_workers(settings, hosts, visible_gpu_ids(8, None), ENV, python=PY)
+    assert len(specs) == 1 and specs[0].index == 2
+    assert json.loads(specs[0].env["TF_CONFIG"]) == {
+        "cluster": {"worker": hosts}, "task": {"type": "worker", "index": 2}}
+    assert specs[0].env["CUDA_VISIBLE_DEVICES"] == "0,1"  # first block on its own machine
+    assert specs[0].log_path == os.path.join("logs", "worker_2.log")
+
+
+def test_plan_machine_rank_sharing_a_host_gets_next_gpu_block():
+    hosts = ["10.0.0.1:2000", "10.0.0.1:2001", "10.0.0.2:2000"]
+    settings = _settings(["--num_workers", "3", "--gpu_per_worker", "2", "--machine_list",
+                          ",".join(hosts), "--machine_rank", "1", "t.py"])
+    specs = plan_workers(settings, hosts, visible_gpu_ids(4, None), ENV)
+    assert specs[0].env["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+def test_plan_machine_rank_needs_only_its_own_gpus():
+    hosts = ["10.0.0.%d:2000" % i for i in range(8)]
+    settings = _settings(["--num_workers", "8", "--gpu_per_worker", "8", "--machine_list",
+                          ",".join(hosts), "--machine_rank", "5", "t.py"])
+    specs = plan_workers(settings, hosts, visible_gpu_ids(8, None), ENV)
+    assert specs[0].env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+
+
+def test_plan_debug_makes_worker_zero_interactive():
+    specs = plan_workers(_settings(BASE + ["--debug", "t.py"]), HOSTS, [], ENV)
+    assert [s.interactive for s in specs] == [True, False]
+    assert all(s.env["EPL_DEBUG"] == "1" for s in specs)
+
+
+def test_plan_requires_resolved_log_dir():
+    with pytest.raises(ValueError):
+        plan_workers(parse_args(BASE + ["t.py"]), HOSTS, [], ENV)
+
+
+def test_pick_free_ports_are_distinct():
+    ports = launcher.pick_free_ports(4)
+    assert len(set(ports)) == 4 and all(0 < p < 65536 for p in ports)
+
+
+def test_main_reports_too_few_gpus(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    script = tmp_path / "t.py"
+    script.write_text("")
+    code = launcher.main(["--num_workers", "2", "--gpu_per_worker", "8",
+                          "--log_dir", str(tmp_path / "logs"), str(script)],
+                         detect_gpus=lambda: 8)
+    assert code == 2
+    assert "16 GPUs needed" in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists()
+
+
+def test_main_reports_missing_script(tmp_path, capsys):
+    code = launcher.main(BASE + [str(tmp_path / "nope.py")], detect_gpus=lambda: 0)
+    assert code == 2 and "script not found" in capsys.readouterr().err
