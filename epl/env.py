@@ -52,6 +52,18 @@ class Env(object):
         cls._local.env = None
         cls._latest = None
 
+    def get_or_create_server(self):
+        """This worker's ``tf.train.Server`` (multi-worker jobs), created once."""
+        if self.server is None:
+            from epl.cluster.session_config import session_config
+            tf = tf_adapter.tf
+            spec = tf.train.ClusterSpec(self.cluster.cluster_spec())
+            server = tf.train.Server(spec, job_name="worker",
+                                     task_index=self.cluster.worker_index,
+                                     config=session_config(self.cluster), start=True)
+            self.server = server
+        return self.server
+
     def graph(self, tf_graph=None):
         """EPL view of ``tf_graph`` (default graph), owned by this Env."""
         view = Graph.get(tf_graph)
@@ -63,16 +75,23 @@ class Env(object):
         return "Env(%r, config with %d keys)" % (self.cluster, len(self.config.to_dict()))
 
 
+_HOOKS = []
+
+
 def _hooks():
-    from epl.parallel.registry import HOOKS
-    return HOOKS
+    """The process's HookRegistry, built once, bound to ``Env.get``."""
+    if not _HOOKS:
+        from epl.parallel.registry import build_registry
+        _HOOKS.append(build_registry(Env.get))
+    return _HOOKS[0]
 
 
 def init(config=None, cluster=None):
     """Start EPL: validate config, discover the cluster, install TF hooks.
 
     A second call starts over: new config, no TaskGraphs, no scopes, a fresh
-    default graph (unless called inside ``with tf.Graph().as_default()``).
+    default graph (inside ``with tf.Graph().as_default()``, that graph's EPL
+    state is cleared instead; other threads' graphs are left alone).
     ``cluster`` is for tests that simulate several workers in one process.
     """
     if tf_adapter.executing_eagerly():
@@ -89,10 +108,10 @@ def init(config=None, cluster=None):
                         % type(config).__name__)
     if cluster is None:
         cluster = Cluster.from_environment(config)
-    Graph.reset_all()
     reset_context()
     if not tf_adapter.graph_is_nested():
         tf_adapter.tf.reset_default_graph()
+    Graph.forget()
     env = Env(config, cluster)
     Env._activate(env)
     _hooks().install()

@@ -10,6 +10,8 @@ from tensorflow.python.client import session as _session
 from tensorflow.python.eager import context as _context
 from tensorflow.python.framework import ops as _ops
 from tensorflow.python.ops import collective_ops
+from tensorflow.python.ops import gen_resource_variable_ops as _gen_rv
+from tensorflow.python.ops import gen_state_ops as _gen_state
 from tensorflow.python.ops import gradients_util as _gradients_util
 from tensorflow.python.training import monitored_session as _monitored_session
 from tensorflow.python.training import optimizer as _optimizer
@@ -32,10 +34,34 @@ SAVER_INIT = (_saver.Saver, "__init__")
 SAVER_SAVE = (_saver.Saver, "save")
 SAVER_RESTORE = (_saver.Saver, "restore")
 SERVER_INIT = (_server_lib.Server, "__init__")
-MONITORED_TRAINING_SESSION = (_monitored_session, "MonitoredTrainingSession")
 SCAFFOLD_FINALIZE = (_monitored_session.Scaffold, "finalize")
 BASE_OPTIMIZER = _optimizer.Optimizer
+_MTS = _monitored_session.MonitoredTrainingSession
 BASE_SESSION = _session.BaseSession
+
+
+def monitored_training_session_targets():
+    """Every module attribute that exposes MonitoredTrainingSession.
+
+    ``tf.train.MonitoredTrainingSession`` and ``tf.compat.v1.train...`` are
+    separate module attributes bound to the same function; all are patched.
+    """
+    import sys
+    targets = []
+    for module in list(sys.modules.values()):
+        if module is not None and getattr(module, "MonitoredTrainingSession", None) is _MTS:
+            targets.append((module, "MonitoredTrainingSession"))
+    return targets
+
+
+def fetch_mapper(graph, fetches):
+    """TF's own structure mapper for ``session.run`` fetches.
+
+    Gives the unique tf.Tensor/tf.Operation elements of any nested fetch
+    structure and rebuilds the user's structure from their values.
+    """
+    with graph.as_default():
+        return _session._FetchMapper.for_fetch(fetches)  # pylint: disable=protected-access
 
 
 def executing_eagerly():
@@ -88,6 +114,11 @@ def is_function_graph(graph):
     return bool(getattr(graph, "_building_function", False))
 
 
+def function_names(graph):
+    """Names of the functions defined in ``graph``."""
+    return set(graph._functions)  # pylint: disable=protected-access
+
+
 def get_default_graph():
     return _ops.get_default_graph()
 
@@ -100,3 +131,36 @@ def global_step_tensor(graph):
 def graph_is_nested():
     """True inside an explicit ``with tf.Graph().as_default():`` block."""
     return not _ops._default_graph_stack.is_cleared()  # pylint: disable=protected-access
+
+
+# ---- variables at the op level (works for ref and resource variables) ---------
+def is_resource_variable(var_op):
+    return var_op.type == "VarHandleOp"
+
+
+def variable_dtype(var_op):
+    return tf.as_dtype(var_op.get_attr("dtype")).base_dtype
+
+
+def variable_shape(var_op):
+    return tf.TensorShape(var_op.get_attr("shape"))
+
+
+def read_variable(var_op):
+    """Current value of a variable given its VariableV2/VarHandleOp op."""
+    if is_resource_variable(var_op):
+        return _gen_rv.read_variable_op(var_op.outputs[0], variable_dtype(var_op))
+    return tf.identity(var_op.outputs[0])
+
+
+def assign_variable(var_op, value):
+    """Assign (and initialize, if needed) a variable from its op."""
+    if is_resource_variable(var_op):
+        return _gen_rv.assign_variable_op(var_op.outputs[0], value)
+    return _gen_state.assign(var_op.outputs[0], value, validate_shape=True).op
+
+
+def is_variable_initialized(var_op):
+    if is_resource_variable(var_op):
+        return _gen_rv.var_is_initialized_op(var_op.outputs[0])
+    return _gen_state.is_variable_initialized(var_op.outputs[0])

@@ -42,6 +42,7 @@ class Graph(object):
         self.apply_calls = []           # one [(grad, var), ...] list per apply_gradients
         self.collections = dict((key, []) for key in GraphKeys.ALL)
         self.parallel = None            # the rewrite's result, once it has run
+        self.rewrite_error = None       # why the rewrite failed, if it did
         self._segment_taskgraph = {}
         self._unassigned = []
         self._phases = [Phase.FORWARD]
@@ -59,8 +60,14 @@ class Graph(object):
         return graph
 
     @classmethod
+    def forget(cls, tf_graph=None):
+        """Drop the EPL view of one graph (default: the current default graph)."""
+        tf_graph = tf_graph if tf_graph is not None else tf_adapter.get_default_graph()
+        _REGISTRY.pop(tf_graph, None)
+
+    @classmethod
     def reset_all(cls):
-        """Forget every EPL view (``epl.init`` starts from a clean state)."""
+        """Forget every EPL view."""
         _REGISTRY.clear()
 
     @property
@@ -90,7 +97,8 @@ class Graph(object):
         finally:
             created = self._resolving.pop()
             self._phases.pop()
-            self._resolve(created)
+            if phase != Phase.EPL:
+                self._resolve(created)
 
     def register_op(self, op, segment):
         """Record a newly created op (called by the op-creation hook)."""

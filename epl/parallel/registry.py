@@ -1,5 +1,8 @@
-"""The one HookRegistry of this process: every TF patch EPL installs."""
-from epl.parallel import graph_hooks
+"""The HookRegistry of this process: every TF patch EPL installs."""
+from epl.parallel import graph_hooks, session_hooks
 from epl.parallel.hooks import HookRegistry
 
-HOOKS = HookRegistry(graph_hooks.PATCHES)
+
+def build_registry(provider):
+    """Graph-construction patches plus session patches bound to ``provider``."""
+    return HookRegistry(list(graph_hooks.PATCHES) + session_hooks.patches(provider))

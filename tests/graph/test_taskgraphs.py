@@ -7,7 +7,7 @@ import tensorflow.compat.v1 as tf
 
 import epl
 from epl.ir import Phase
-from epl.parallel.registry import HOOKS
+from epl.env import _hooks
 from epl.strategies import StrategyError
 
 
@@ -141,7 +141,7 @@ def test_second_init_resets_state_and_never_double_wraps():
     assert tf.Graph._add_op is wrapped
     assert epl.Env.get().config.pipeline.num_micro_batch == 1
     assert epl.Graph.get().taskgraphs == []
-    assert HOOKS.install() is False
+    assert _hooks().install() is False
 
 
 def test_reset_restores_tensorflow():
@@ -151,7 +151,7 @@ def test_reset_restores_tensorflow():
     assert ops.Graph.__dict__["_add_op"] is not original
     epl.reset()
     assert ops.Graph.__dict__["_add_op"] is original
-    assert not HOOKS.installed
+    assert not _hooks().installed
 
 
 def test_init_rejects_eager_mode():

@@ -1,0 +1,94 @@
+"""State shared by the rewrite passes of one graph (explicit, no globals)."""
+from epl import tf_adapter
+from epl.communicators import Communicator, KeyRegistry
+from epl.parallel.program import ParallelProgram
+
+
+class RewriteContext(object):
+    """What every pass reads and extends.
+
+    ``copies`` lists this worker's copies of the model as (replica, device)
+    pairs: copy 0 is the user's graph; with ``replicate(device_count=k)`` a
+    model replica has k copies that split its batch. ``instances[(copy,
+    micro_batch)]`` maps a user op name to its clone (shared ops map to
+    themselves).
+    """
+
+    def __init__(self, view, config, cluster, plan):
+        self.view = view
+        self.tf_graph = view.tf_graph
+        self.config = config
+        self.cluster = cluster
+        self.plan = plan
+        self.worker = cluster.worker_index
+        self.copies = self._local_copies(plan, self.worker)
+        self.num_micro_batch = plan.num_micro_batch if plan.pipeline else 1
+        self.instances = {}
+        self.roles = None
+        self.keys = KeyRegistry()
+        self.program = ParallelProgram(plan, self.worker, len(self.copies))
+        self._communicators = {}
+
+    @staticmethod
+    def _local_copies(plan, worker):
+        width = plan.taskgraphs[0].device_count
+        return [(replica, j) for replica in plan.replicas_built_by(worker) for j in range(width)]
+
+    # ---- devices -----------------------------------------------------------------
+    def device(self, taskgraph, copy):
+        """Compute device of ``taskgraph`` in local copy ``copy``."""
+        replica, j = self.copies[copy]
+        return self.plan.taskgraphs[taskgraph].devices[replica][j]
+
+    @property
+    def host(self):
+        """This worker's CPU: input pipelines, placeholders, the global step."""
+        return self.cluster.worker_cpu()
+
+    def device_for(self, op, copy):
+        """Device of a (user) op's instance in local copy ``copy``."""
+        if op.name in self.roles.shared or op.name in self.roles.pinned:
+            return self.host
+        info = self.view.info(op)
+        return self.device(info.taskgraph, copy)
+
+    # ---- instances -----------------------------------------------------------------
+    def instance(self, op, copy, micro_batch=0):
+        """The op standing for user op ``op`` in (copy, micro_batch)."""
+        if copy == 0 and micro_batch == 0:
+            return op
+        return self.instances.get((copy, micro_batch), {}).get(op.name, op)
+
+    def tensor_instance(self, tensor, copy, micro_batch=0):
+        op = self.instance(tensor.op, copy, micro_batch)
+        return op.outputs[tensor.value_index]
+
+    def is_cloned(self, op):
+        return op.name not in self.roles.shared
+
+    # ---- communication ---------------------------------------------------------------
+    def communicator(self, purpose, taskgraph):
+        """The collective group over every device holding ``taskgraph``."""
+        key = (purpose, taskgraph)
+        if key not in self._communicators:
+            devices = self.plan.taskgraphs[taskgraph].all_devices
+            name = "%s/%s" % (purpose, self.plan.taskgraphs[taskgraph].name)
+            self._communicators[key] = Communicator(name, devices, self.keys)
+            self.program.groups.append((name, devices))
+        return self._communicators[key]
+
+    def host_communicator(self, purpose):
+        """A group with one host CPU per worker (for per-worker state like the step)."""
+        key = (purpose, None)
+        if key not in self._communicators:
+            devices = tuple(self.cluster.worker_cpu(w) for w in range(self.cluster.worker_num))
+            self._communicators[key] = Communicator(purpose, devices, self.keys)
+            self.program.groups.append((purpose, devices))
+        return self._communicators[key]
+
+    def rewire(self, tensor, new_tensor, consumers):
+        """Point ``consumers``' inputs that read ``tensor`` at ``new_tensor``."""
+        for op in consumers:
+            for index, value in enumerate(op.inputs):
+                if value is tensor:
+                    tf_adapter.update_input(op, index, new_tensor)

@@ -1,0 +1,75 @@
+"""Merge tensors in ``epl.GraphKeys`` collections over micro-batches and replicas."""
+from epl.communicators import as_rank1
+from epl.ir.collections import GraphKeys
+from epl.parallel.passes import Pass
+from epl.parallel.roles import is_summary
+from epl.tf_adapter import tf
+
+
+def reduce_parts(parts, reduction):
+    """mean / sum / concat (axis 0) of equally shaped tensors."""
+    if len(parts) == 1:
+        return parts[0]
+    if reduction == "concat":
+        return tf.concat([as_rank1(p) for p in parts], 0)
+    total = tf.add_n(parts)
+    return total / len(parts) if reduction == "mean" else total
+
+
+class MergedOutputs(Pass):
+    """Fetching a collected tensor returns its merged value.
+
+    ``LOCAL_*``: over the micro-batches of replica 0. ``GLOBAL_*``: over every
+    micro-batch of every replica on every worker (a collective over the
+    TaskGraph's devices, so every worker must fetch it in the same step).
+    Summaries of a collected tensor are rewired to a merge over this worker's
+    replicas, which needs no collective and so cannot hang a summary step.
+    """
+
+    name = "merged_outputs"
+
+    def applies(self, ctx):
+        return any(ctx.view.collections.values())
+
+    def run(self, ctx):
+        for key, tensors in ctx.view.collections.items():
+            scope, reduction = GraphKeys.describe(key)
+            for tensor in tensors:
+                self._merge(ctx, tensor, scope, reduction)
+
+    def _merge(self, ctx, tensor, scope, reduction):
+        taskgraph = ctx.view.info(tensor.op).taskgraph
+        name = tensor.name.replace(":", "_")
+        local = []
+        with tf.name_scope("EPL_MERGE"):
+            for copy in range(len(ctx.copies)):
+                parts = [ctx.tensor_instance(tensor, copy, m) for m in range(ctx.num_micro_batch)]
+                with tf.device(ctx.device(taskgraph, copy)):
+                    local.append(reduce_parts(parts, reduction))
+            merged = local
+            comm = ctx.communicator("outputs", taskgraph)
+            if scope == "global" and comm.group_size > 1:
+                merged = [self._collective(comm, value, ctx.device(taskgraph, copy), name,
+                                           reduction)
+                          for copy, value in enumerate(local)]
+            if merged[0] is not tensor:
+                ctx.program.merged[tensor.name] = merged[0]
+                ctx.program.add_extras(tensor.op.name, [m.op for m in merged[1:]])
+            self._rewire_summaries(ctx, tensor, local, reduction, scope)
+
+    @staticmethod
+    def _collective(comm, value, device, name, reduction):
+        if reduction == "concat":
+            return comm.all_gather(value, device, "merge/" + name)
+        return comm.all_reduce(value, device, "merge/" + name, mean=(reduction == "mean"))
+
+    @staticmethod
+    def _rewire_summaries(ctx, tensor, local, reduction, scope):
+        summaries = [op for op in tensor.consumers() if is_summary(op)]
+        if not summaries:
+            return
+        values = local if scope == "global" else local[:1]
+        with tf.device(ctx.host):
+            value = reduce_parts(values, reduction)
+        if value is not tensor:
+            ctx.rewire(tensor, value, summaries)

@@ -1,0 +1,20 @@
+"""Place the user's ops (copy 0) on the plan's devices; shared ops on the host."""
+from epl import tf_adapter
+from epl.parallel.passes import Pass
+
+
+class Placement(Pass):
+    """Every cloned op goes to its TaskGraph's device in copy 0.
+
+    Shared ops (input pipeline, placeholders, global step, summaries) and ops
+    the user pinned to a CPU go to this worker's host CPU. Gradient and update
+    ops are colocated with their forward op/variable, so they follow.
+    """
+
+    name = "placement"
+
+    def run(self, ctx):
+        for op in ctx.roles.cloned:
+            tf_adapter.set_device(op, ctx.device_for(op, 0))
+        for name in ctx.roles.shared:
+            tf_adapter.set_device(ctx.tf_graph.get_operation_by_name(name), ctx.host)

@@ -1,0 +1,41 @@
+"""Clone the user's model once per extra local copy (replicas 1..k-1)."""
+from epl.parallel.clone import clone_ops
+from epl.parallel.passes import Pass
+
+REPLICA_PREFIX = "EPL_REPLICA_%d"
+
+
+class ReplicaClone(Pass):
+    """Copy every cloned op (all micro-batches) to each other local device.
+
+    Variables are copied too; the sync pass makes the copies equal to
+    replica 0 before the first step. Shared inputs (iterators, placeholders,
+    global step) are read by every copy; each copy's get-next op pulls its
+    own batch. Names get an ``EPL_REPLICA_<i>/`` prefix for TensorBoard only.
+    """
+
+    name = "replica_clone"
+
+    def applies(self, ctx):
+        return len(ctx.copies) > 1
+
+    def run(self, ctx):
+        sources, user_of = [], {}
+        for micro_batch in range(ctx.num_micro_batch):
+            for op in ctx.roles.cloned:
+                source = ctx.instance(op, 0, micro_batch)
+                if micro_batch == 0 or source is not op:
+                    sources.append(source)
+                    user_of[source.name] = (op, micro_batch)
+        for copy in range(1, len(ctx.copies)):
+            result = clone_ops(ctx.tf_graph, sources, REPLICA_PREFIX % copy,
+                               device_of=lambda src, c=copy: ctx.device_for(user_of[src.name][0],
+                                                                            c))
+            for source in sources:
+                user_op, micro_batch = user_of[source.name]
+                new_op = result.ops[source.name]
+                ctx.instances.setdefault((copy, micro_batch), {})[user_op.name] = new_op
+                ctx.view.record_clone(new_op, ctx.view.info(source), copy, micro_batch,
+                                      user_op.name)
+                if micro_batch == 0:
+                    ctx.program.add_extras(user_op.name, [new_op])

@@ -1,0 +1,75 @@
+"""Make every copy's variables equal to replica 0's before the first step."""
+from epl import tf_adapter
+from epl.parallel.passes import Pass
+from epl.tf_adapter import tf
+
+
+class VariableSync(Pass):
+    """Build ``sync_op`` (broadcast from worker 0's replica 0) and ``init_check``.
+
+    The session layer runs ``sync_op`` once, after the user's variables are
+    initialized or restored and before the first training step; the copies'
+    variables need no initializer of their own because assignment initializes
+    them. Across workers the global step is broadcast too, so a restore on the
+    chief reaches everyone.
+    """
+
+    name = "variable_sync"
+
+    def applies(self, ctx):
+        return ctx.plan.num_replicas * ctx.plan.taskgraphs[0].device_count > 1 or \
+            ctx.cluster.worker_num > 1
+
+    def run(self, ctx):
+        ops = []
+        for var_op in ctx.roles.variables:
+            ops.extend(self._broadcast_variable(ctx, var_op))
+        ops.extend(self._broadcast_step(ctx))
+        user_vars = list(ctx.roles.variables)
+        step = tf_adapter.global_step_tensor(ctx.tf_graph)
+        if step is not None:
+            user_vars.append(step.op)
+        with tf.device(ctx.host), tf.name_scope("EPL_SYNC"):
+            ctx.program.sync_op = tf.group(*ops, name="sync") if ops else None
+            checks = [tf_adapter.is_variable_initialized(v) for v in user_vars]
+            ctx.program.init_check = tf.reduce_all(tf.stack(checks)) if checks else None
+
+    @staticmethod
+    def _broadcast_variable(ctx, var_op):
+        taskgraph = ctx.view.info(var_op).taskgraph
+        comm = ctx.communicator("broadcast", taskgraph)
+        if comm.group_size == 1:
+            return []
+        root = ctx.plan.taskgraphs[taskgraph].devices[0][0]
+        shape = tf_adapter.variable_shape(var_op)
+        if not shape.is_fully_defined():
+            raise ValueError("EPL needs a fully defined shape to broadcast variable %s, got %s"
+                             % (var_op.name, shape))
+        ops = []
+        for copy in range(len(ctx.copies)):
+            device = ctx.device(taskgraph, copy)
+            target = ctx.instance(var_op, copy)
+            with tf.device(device), tf.name_scope("EPL_SYNC"):
+                if device == root:
+                    ops.append(comm.broadcast_send(tf_adapter.read_variable(var_op), device,
+                                                   "var/" + var_op.name).op)
+                    continue
+                value = comm.broadcast_recv(shape, tf_adapter.variable_dtype(var_op), device,
+                                            "var/" + var_op.name)
+                ops.append(tf_adapter.assign_variable(target, value))
+        return ops
+
+    @staticmethod
+    def _broadcast_step(ctx):
+        step = tf_adapter.global_step_tensor(ctx.tf_graph)
+        if step is None or ctx.cluster.worker_num == 1:
+            return []
+        comm = ctx.host_communicator("broadcast/global_step")
+        root = ctx.cluster.worker_cpu(0)
+        with tf.device(ctx.host), tf.name_scope("EPL_SYNC"):
+            if ctx.host == root:
+                return [comm.broadcast_send(tf_adapter.read_variable(step.op), ctx.host,
+                                            "global_step").op]
+            value = comm.broadcast_recv(tf.TensorShape([]), step.dtype.base_dtype, ctx.host,
+                                        "global_step")
+            return [tf_adapter.assign_variable(step.op, value)]

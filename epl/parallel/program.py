@@ -1,0 +1,53 @@
+"""The rewritten graph as the session layer sees it.
+
+After the passes run, a ParallelProgram answers three questions per
+``session.run``: what to fetch instead of a user tensor (its merged value, if
+the user put it in an ``epl.GraphKeys`` collection), what else must run so
+that every replica takes part in the step, and how to bring replicas in sync
+before the first step.
+"""
+
+
+class ParallelProgram(object):
+    """Run-time view of one parallelized graph on one worker."""
+
+    def __init__(self, plan, worker, num_copies):
+        self.plan = plan
+        self.worker = worker
+        self.num_copies = num_copies
+        self.groups = []        # (name, devices) of every collective group
+        self.extras = {}        # user op name -> ops of the other copies
+        self.merged = {}        # user tensor name -> merged tensor
+        self.sync_op = None     # broadcasts replica 0's variables to every copy
+        self.init_check = None  # scalar bool: are the user's variables initialized?
+        self.variable_copies = {}  # user variable op name -> [variable op of each copy]
+
+    def add_extras(self, op_name, ops):
+        """Run ``ops`` whenever the user fetches the op named ``op_name``."""
+        self.extras.setdefault(op_name, []).extend(ops)
+
+    @property
+    def has_collectives(self):
+        return bool(self.groups)
+
+    @property
+    def needs_sync(self):
+        return self.sync_op is not None
+
+    def map_element(self, element):
+        """(what to fetch for a user fetch element, extra ops to run with it).
+
+        ``element`` is a tf.Tensor or tf.Operation from the user's fetches.
+        """
+        op = getattr(element, "op", element)
+        substitute = self.merged.get(getattr(element, "name", None), element)
+        return substitute, self.extras.get(op.name, ())
+
+    def describe_groups(self):
+        """One line per collective group, for error messages."""
+        return "\n".join("  %s: %d devices (%s)" % (name, len(devices), ", ".join(devices))
+                         for name, devices in self.groups)
+
+    def __repr__(self):
+        return ("ParallelProgram(worker=%d, copies=%d, groups=%d, merged=%d)"
+                % (self.worker, self.num_copies, len(self.groups), len(self.merged)))

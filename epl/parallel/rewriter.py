@@ -1,0 +1,97 @@
+"""Turn a user's training graph into this worker's part of the parallel program.
+
+The passes run in the order declared in ``PASSES``; each one is small and
+owns one transformation. ``parallelize`` is idempotent: a graph is rewritten
+once, when it is finalized (MonitoredTrainingSession, Estimator) or at its
+first ``session.run`` (plain ``tf.Session``), whichever comes first.
+"""
+import logging
+
+from epl import tf_adapter
+from epl.ir.phase import Phase
+from epl.parallel.context import RewriteContext
+from epl.parallel.passes.batch_split import BatchSplit
+from epl.parallel.passes.gradients import GradientAggregation
+from epl.parallel.passes.outputs import MergedOutputs
+from epl.parallel.passes.placement import Placement
+from epl.parallel.passes.replicas import ReplicaClone
+from epl.parallel.passes.steps import SharedStepDependencies
+from epl.parallel.passes.sync import VariableSync
+from epl.parallel.plan import make_plan, specs_from_graph
+from epl.parallel.roles import classify
+from epl.strategies.base import SPLIT
+
+LOG = logging.getLogger("epl")
+
+PASSES = (
+    Placement(),
+    ReplicaClone(),
+    BatchSplit(),
+    GradientAggregation(),
+    SharedStepDependencies(),
+    MergedOutputs(),
+    VariableSync(),
+)
+
+
+def needs_rewrite(view):
+    """A graph is parallelized once it has a training step and was not yet."""
+    if view is None or view.parallel is not None or not any(view.apply_calls):
+        return False
+    if view.rewrite_error is not None:
+        raise RuntimeError("EPL could not parallelize this graph earlier: %s"
+                           % view.rewrite_error)
+    return True
+
+
+def plan_for(view, config, cluster):
+    """The plan of a graph view (gives unannotated graphs their implicit TaskGraph)."""
+    view.ensure_taskgraph()
+    return make_plan(config, cluster, specs_from_graph(view))
+
+
+def parallelize(view, config, cluster):
+    """Run every applicable pass on ``view``'s graph; return the ParallelProgram."""
+    if view.parallel is not None:
+        return view.parallel
+    plan = plan_for(view, config, cluster)
+    _check_supported(plan, cluster)
+    ctx = RewriteContext(view, config, cluster, plan)
+    ctx.roles = classify(view)
+    tf_graph = view.tf_graph
+    finalized = tf_graph.finalized
+    if finalized:
+        tf_adapter.unfinalize(tf_graph)
+    try:
+        with view.phase_scope(Phase.EPL):
+            for rewrite_pass in PASSES:
+                if rewrite_pass.applies(ctx):
+                    rewrite_pass.run(ctx)
+    except Exception as err:
+        view.rewrite_error = "%s: %s" % (type(err).__name__, err)
+        raise
+    for var_op in ctx.roles.variables:
+        ctx.program.variable_copies[var_op.name] = [
+            ctx.instance(var_op, copy) for copy in range(len(ctx.copies))]
+    view.parallel = ctx.program
+    if finalized:
+        tf_graph.finalize()
+    LOG.info("EPL parallelized the graph on worker %d:\n%s", cluster.worker_index, plan)
+    return ctx.program
+
+
+def _check_supported(plan, cluster):
+    """Fail clearly on combinations later passes do not handle yet."""
+    if any(tg.kind == SPLIT for tg in plan.taskgraphs):
+        raise NotImplementedError("epl.split is not supported by this EPL version yet; "
+                                  "use epl.replicate")
+    if plan.pipeline or plan.gradient_accumulation:
+        raise NotImplementedError("pipeline.num_micro_batch > 1 (pipeline / gradient "
+                                  "accumulation) is not supported by this EPL version yet")
+    if len(plan.taskgraphs) > 1 and any(tg.device_count > 1 for tg in plan.taskgraphs):
+        raise NotImplementedError("replicate(device_count > 1) is supported for a single "
+                                  "TaskGraph only")
+    if not plan.replicas_built_by(cluster.worker_index):
+        raise NotImplementedError("worker %d holds no first stage of any model replica; "
+                                  "pipelines spanning workers are not supported yet"
+                                  % cluster.worker_index)

@@ -1,0 +1,111 @@
+"""Which user ops are cloned per replica and which stay shared.
+
+Shared (never cloned, placed on the worker's host CPU):
+  * the input pipeline: datasets, iterators, queues and everything feeding
+    them; each clone of a get-next op pulls its own batch from the shared iterator;
+  * placeholders (every replica sees the fed value);
+  * the global step variable and the ops that read or bump it directly;
+  * summaries (written once, from replica 0 or from merged tensors).
+Everything else in the forward, backward and apply phases is cloned, including
+variables: each replica owns a copy kept identical by the initial broadcast
+and by identical updates.
+"""
+import collections
+
+from epl import tf_adapter
+from epl.ir.phase import Phase
+
+GET_NEXT_TYPES = frozenset([
+    "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional",
+    "QueueDequeue", "QueueDequeueV2", "QueueDequeueMany", "QueueDequeueManyV2",
+    "QueueDequeueUpTo", "QueueDequeueUpToV2", "ReaderRead", "ReaderReadV2",
+    "ReaderReadUpTo", "ReaderReadUpToV2"])
+PLACEHOLDER_TYPES = frozenset(["Placeholder", "PlaceholderV2", "PlaceholderWithDefault"])
+VARIABLE_TYPES = frozenset(["VariableV2", "Variable", "VarHandleOp"])
+RESOURCE_VARIABLE_TYPES = frozenset(["VarHandleOp"])
+
+
+def is_summary(op):
+    return op.type.endswith("Summary") or op.type in ("MergeSummary", "WriteSummary")
+
+
+def is_variable(op):
+    return op.type in VARIABLE_TYPES
+
+
+def _ancestors(roots):
+    """All ops reachable backwards (data and control edges) from ``roots``."""
+    seen, stack = set(), list(roots)
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return seen
+
+
+def input_pipeline_ops(tf_graph):
+    """Names of ops that produce or drive the input pipeline (shared by replicas).
+
+    Found from the graph's structure: the iterator/queue feeding each get-next
+    op and everything upstream of it, plus every op producing a ``variant``
+    (dataset) tensor and its ancestors, plus other users of iterator handles
+    (MakeIterator and friends).
+    """
+    ops = tf_graph.get_operations()
+    get_next = [op for op in ops if op.type in GET_NEXT_TYPES and op.inputs]
+    roots = [op.inputs[0].op for op in get_next]
+    roots += [op for op in ops if any(t.dtype == tf_adapter.tf.variant for t in op.outputs)]
+    names = _ancestors(roots)
+    handles = set(op.inputs[0].op.name for op in get_next)
+    for op in ops:
+        if op.type not in GET_NEXT_TYPES and any(t.op.name in handles for t in op.inputs):
+            names.add(op.name)
+    return names
+
+
+def global_step_ops(tf_graph):
+    """The global step variable plus ops reading or updating it directly."""
+    step = tf_adapter.global_step_tensor(tf_graph)
+    if step is None:
+        return set()
+    var_op = step.op
+    names = {var_op.name}
+    for op in tf_graph.get_operations():
+        if any(t.op is var_op for t in op.inputs):
+            names.add(op.name)
+        elif tf_adapter.colocation_root(op) == var_op.name:
+            names.add(op.name)
+    return names
+
+
+Roles = collections.namedtuple("Roles", [
+    "cloned", "shared", "variables", "global_step", "pinned"])
+
+
+def classify(view):
+    """Split the view's step ops into cloned and shared sets (op names).
+
+    Returns Roles(cloned: ordered list of tf.Operation, shared: set of names,
+    variables: ordered list of cloned variable ops, global_step: set of names,
+    pinned: names of cloned ops the user placed on a CPU, which stay on the host).
+    """
+    tf_graph = view.tf_graph
+    step = global_step_ops(tf_graph)
+    shared = input_pipeline_ops(tf_graph) | step
+    cloned, variables, pinned = [], [], set()
+    for op in tf_graph.get_operations():
+        info = view.info(op)
+        if info is None or info.phase not in Phase.STEP or info.replica or info.micro_batch:
+            continue
+        if op.name in shared or op.type in PLACEHOLDER_TYPES or is_summary(op):
+            shared.add(op.name)
+            continue
+        cloned.append(op)
+        if "CPU" in op.device.upper():
+            pinned.add(op.name)
+        if is_variable(op):
+            variables.append(op)
+    return Roles(cloned, shared, variables, step, pinned)

@@ -1,0 +1,216 @@
+"""Hooks at the session boundary: create, run, save, restore.
+
+* Every session and server gets EPL's ConfigProto (virtual devices, soft
+  placement, collective group leader) and, in a multi-worker job, this
+  worker's server as target.
+* A graph is parallelized at ``Graph.finalize`` or at its first ``run``, so
+  plain ``tf.Session`` code is parallel too (the original EPL silently ran
+  it serially).
+* ``run``/``make_callable`` swap collected tensors for their merged values
+  and add the other replicas' ops, so every replica runs in every step; the
+  first run after initialization/restore broadcasts replica 0's variables.
+* Only worker 0 writes checkpoints and summaries.
+
+Each wrapper gets ``provider``, a function returning the current
+``epl.Env`` (config, cluster, server), so this module never reads globals.
+"""
+import functools
+import inspect
+import logging
+import threading
+import weakref
+
+from epl import tf_adapter
+from epl.cluster.session_config import session_config
+from epl.ir.graph import Graph
+from epl.parallel import rewriter
+from epl.parallel.hooks import Patch
+
+LOG = logging.getLogger("epl")
+_SYNCED = weakref.WeakKeyDictionary()   # session -> bool (variables broadcast)
+_SYNC_LOCKS = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+_UNWRAPPED_RUN = []                      # BaseSession.run as TF defines it
+_CHIEF_ONLY_ARGS = ("save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps",
+                    "save_summaries_secs", "chief_only_hooks")
+
+
+def _view(graph):
+    if graph is None or tf_adapter.is_function_graph(graph):
+        return None
+    return Graph.get(graph, create=False)
+
+
+def program_for(graph, provider):
+    """The graph's ParallelProgram, rewriting it first if needed (or None)."""
+    view = _view(graph)
+    if view is None:
+        return None
+    if rewriter.needs_rewrite(view):
+        env = view.owner or provider()
+        view.owner = env
+        rewriter.parallelize(view, env.config, env.cluster)
+    return view.parallel
+
+
+def _device_filters(graph, env):
+    """Tasks this worker's graph touches; others need not be up for session creation."""
+    if not env.cluster.distributed:
+        return None
+    view = _view(graph)
+    workers = [env.cluster.worker_index]
+    if view is not None and view.taskgraphs:
+        plan = rewriter.plan_for(view, env.config, env.cluster)
+        workers = plan.workers_used_by(env.cluster.worker_index)
+    return ["/job:worker/task:%d" % w for w in workers]
+
+
+def _wrap_session_init(original, provider):
+    @functools.wraps(original)
+    def __init__(self, target="", graph=None, config=None):
+        env = provider()
+        graph_ = graph if graph is not None else tf_adapter.get_default_graph()
+        config = session_config(env.cluster, config, _device_filters(graph_, env))
+        if env.cluster.distributed and not target:
+            target = env.get_or_create_server().target
+        original(self, target, graph, config)
+    return __init__
+
+
+def ensure_synced(session, program, run):
+    """Broadcast replica 0's variables once they are initialized (once per session)."""
+    if not program.needs_sync or _SYNCED.get(session):
+        return
+    with _LOCK:
+        lock = _SYNC_LOCKS.setdefault(session, threading.Lock())
+    with lock:  # per session: workers in one process sync concurrently
+        if _SYNCED.get(session):
+            return
+        if program.init_check is not None and not run(session, program.init_check):
+            return
+        run(session, program.sync_op)
+        _SYNCED[session] = True
+        LOG.info("EPL synchronized replica variables with worker 0's replica 0")
+
+
+def mark_unsynced(session):
+    _SYNCED[session] = False
+
+
+def _expand(graph, program, fetches):
+    """(mapper, flat list to fetch, number of user elements)."""
+    mapper = tf_adapter.fetch_mapper(graph, fetches)
+    elements = mapper.unique_fetches()
+    substitutes, extras, seen = [], [], set()
+    for element in elements:
+        substitute, more = program.map_element(element)
+        substitutes.append(substitute)
+        for op in more:
+            if op.name not in seen:
+                seen.add(op.name)
+                extras.append(op)
+    return mapper, substitutes + extras, len(substitutes)
+
+
+def _wrap_session_run(original, provider):
+    _UNWRAPPED_RUN[:] = [original]
+
+    @functools.wraps(original)
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        program = program_for(self.graph, provider)
+        if program is None:
+            return original(self, fetches, feed_dict, options, run_metadata)
+        ensure_synced(self, program, original)
+        mapper, flat, count = _expand(self.graph, program, fetches)
+        values = original(self, flat, feed_dict, options, run_metadata)
+        return mapper.build_results(values[:count])
+    return run
+
+
+def _wrap_make_callable(original, provider):
+    @functools.wraps(original)
+    def make_callable(self, fetches, feed_list=None, accept_options=False):
+        program = program_for(self.graph, provider)
+        if program is None:
+            return original(self, fetches, feed_list, accept_options)
+        mapper, flat, count = _expand(self.graph, program, fetches)
+        inner = original(self, flat, feed_list, accept_options)
+
+        def call(*args, **kwargs):
+            ensure_synced(self, program, _UNWRAPPED_RUN[0])
+            return mapper.build_results(inner(*args, **kwargs)[:count])
+        return call
+    return make_callable
+
+
+def _wrap_graph_finalize(original, provider):
+    @functools.wraps(original)
+    def finalize(self):
+        program_for(self, provider)
+        original(self)
+    return finalize
+
+
+def _wrap_saver_save(original, provider):
+    @functools.wraps(original)
+    def save(self, sess, save_path, *args, **kwargs):
+        if provider().cluster.worker_index != 0:
+            LOG.debug("EPL: only worker 0 writes checkpoints; skipping save to %s", save_path)
+            return None
+        return original(self, sess, save_path, *args, **kwargs)
+    return save
+
+
+def _wrap_saver_restore(original, provider):
+    del provider
+
+    @functools.wraps(original)
+    def restore(self, sess, save_path):
+        result = original(self, sess, save_path)
+        mark_unsynced(sess)
+        return result
+    return restore
+
+
+def _wrap_server_init(original, provider):
+    @functools.wraps(original)
+    def __init__(self, server_or_cluster_def, job_name=None, task_index=None, protocol=None,
+                 config=None, start=True):
+        env = provider()
+        config = session_config(env.cluster, config)
+        original(self, server_or_cluster_def, job_name, task_index, protocol, config, start)
+        if env.server is None:
+            env.server = self
+    return __init__
+
+
+def _wrap_monitored_training_session(original, provider):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def MonitoredTrainingSession(*args, **kwargs):  # noqa: N802 (TF's name)
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["is_chief"] = True  # each worker initializes its own variables
+        if provider().cluster.worker_index != 0:
+            for name in _CHIEF_ONLY_ARGS:
+                bound.arguments[name] = None
+            bound.arguments["log_step_count_steps"] = 0
+        return original(*bound.args, **bound.kwargs)
+    return MonitoredTrainingSession
+
+
+def patches(provider):
+    """The session-boundary patches, bound to an Env provider."""
+    bind = lambda make: (lambda original: make(original, provider))
+    result = [
+        Patch("session", tf_adapter.SESSION_INIT, bind(_wrap_session_init)),
+        Patch("session", tf_adapter.SESSION_RUN, bind(_wrap_session_run)),
+        Patch("session", tf_adapter.SESSION_MAKE_CALLABLE, bind(_wrap_make_callable)),
+        Patch("session", tf_adapter.GRAPH_FINALIZE, bind(_wrap_graph_finalize)),
+        Patch("session", tf_adapter.SERVER_INIT, bind(_wrap_server_init)),
+        Patch("checkpoint", tf_adapter.SAVER_SAVE, bind(_wrap_saver_save)),
+        Patch("checkpoint", tf_adapter.SAVER_RESTORE, bind(_wrap_saver_restore)),
+    ]
+    for target in tf_adapter.monitored_training_session_targets():
+        result.append(Patch("session", target, bind(_wrap_monitored_training_session)))
+    return result

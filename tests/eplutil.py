@@ -1,0 +1,135 @@
+"""Test helpers: a deterministic model, serial reference training, worker threads.
+
+Equivalence tests train the same model K steps serially on global batches and
+under EPL on per-replica batches that partition each global batch, then
+compare weights.
+"""
+import socket
+import threading
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+import epl
+from epl.cluster import Cluster
+
+FEATURES, HIDDEN, CLASSES = 6, 5, 3
+
+
+def make_data(rows, seed=0):
+    rng = np.random.RandomState(seed)
+    x = rng.rand(rows, FEATURES).astype(np.float32)
+    y = rng.randint(0, CLASSES, rows).astype(np.int64)
+    return x, y
+
+
+def initial_weights(seed=1):
+    rng = np.random.RandomState(seed)
+    return {"d1/kernel": rng.rand(FEATURES, HIDDEN).astype(np.float32) - 0.5,
+            "d2/kernel": rng.rand(HIDDEN, CLASSES).astype(np.float32) - 0.5}
+
+
+def optimizer(name="momentum"):
+    if name == "adam":
+        return tf.train.AdamOptimizer(0.01)
+    if name == "sgd":
+        return tf.train.GradientDescentOptimizer(0.1)
+    return tf.train.MomentumOptimizer(0.1, 0.9)
+
+
+def mlp(x, y, weights):
+    """Two dense layers and a mean cross-entropy; returns the loss tensor."""
+    init = lambda name: tf.constant_initializer(weights[name])
+    h = tf.layers.dense(x, HIDDEN, activation=tf.nn.relu, kernel_initializer=init("d1/kernel"),
+                        name="d1")
+    logits = tf.layers.dense(h, CLASSES, kernel_initializer=init("d2/kernel"), name="d2")
+    return tf.losses.sparse_softmax_cross_entropy(y, logits)
+
+
+def dataset_input(x, y, batch):
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+    return tf.data.make_one_shot_iterator(data).get_next()
+
+
+def train_step(loss, opt_name="momentum"):
+    step = tf.train.get_or_create_global_step()
+    return optimizer(opt_name).minimize(loss, global_step=step)
+
+
+def variable_values(sess):
+    names = sorted(v.op.name for v in tf.global_variables())
+    values = sess.run([tf.get_default_graph().get_tensor_by_name(n + ":0") for n in names])
+    return dict(zip(names, values))
+
+
+def serial_train(x, y, batch, steps, opt_name="momentum", weights=None):
+    """Reference: one device, global batches. Returns (losses, variables)."""
+    weights = weights or initial_weights()
+    with tf.Graph().as_default():
+        loss = mlp(*dataset_input(x, y, batch), weights=weights)
+        train = train_step(loss, opt_name)
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            losses = [sess.run([loss, train])[0] for _ in range(steps)]
+            return losses, variable_values(sess)
+
+
+def worker_rows(x, steps, workers, per_worker_batch, worker):
+    """Rows worker ``worker`` reads so that step s covers global batch s."""
+    global_batch = workers * per_worker_batch
+    parts = [x[s * global_batch + worker * per_worker_batch:
+               s * global_batch + (worker + 1) * per_worker_batch] for s in range(steps)]
+    return np.concatenate(parts)
+
+
+def copy_values(sess, var_name):
+    """Values of every local copy of a user variable (copy 0 first)."""
+    program = epl.Graph.get(sess.graph).parallel
+    return sess.run([op.outputs[0] for op in program.variable_copies[var_name]])
+
+
+def max_diff(reference, copies):
+    return max(float(np.abs(c - reference).max()) for c in copies)
+
+
+def free_ports(count):
+    sockets, ports = [], []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sockets.append(sock)
+        ports.append(sock.getsockname()[1])
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def run_workers(fn, workers, devices_per_worker, config=None, timeout=120):
+    """Run ``fn(worker_index)`` for each worker in its own thread, graph and Env.
+
+    Each thread gets an explicit Cluster over 127.0.0.1 ports. A hung worker
+    fails the test after ``timeout`` seconds instead of blocking the suite.
+    """
+    hosts = ["127.0.0.1:%d" % p for p in free_ports(workers)]
+    results, errors = [None] * workers, []
+
+    def target(index):
+        try:
+            with tf.Graph().as_default():
+                epl.init(config, cluster=Cluster(hosts, index, devices_per_worker))
+                results[index] = fn(index)
+        except Exception as err:  # reported to the test below
+            errors.append((index, err))
+
+    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    hung = [i for i, t in enumerate(threads) if t.is_alive()]
+    if hung:
+        raise AssertionError("workers %s did not finish within %d s" % (hung, timeout))
+    if errors:
+        index, err = errors[0]
+        raise AssertionError("worker %d failed: %s: %s" % (index, type(err).__name__, err))
+    return results
