@@ -104,3 +104,10 @@ def test_single_device_runs_unchanged():
     _, ref = serial_train(x, y, 16, STEPS)
     _, _, copies = _epl_train(1, 16, STEPS)
     assert max_diff(ref["d1/kernel"], copies["d1/kernel"]) < TOL
+
+
+def test_fetched_loss_is_replica_zero_value():
+    x, y = make_data(64)
+    ref_losses, _ = serial_train(x, y, 8, 1)  # replica 0 reads the first 8 rows
+    losses, _, _ = _epl_train(2, 8, 1)
+    np.testing.assert_allclose(losses[0], ref_losses[0], atol=TOL)

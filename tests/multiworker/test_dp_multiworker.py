@@ -41,3 +41,29 @@ def test_workers_match_serial(workers, devices):
         copies = [c for result in results for c in result[name]]
         assert len(copies) == workers * devices
         assert max_diff(reference[name], copies) < TOL, name
+
+
+@pytest.mark.timeout(180)
+def test_user_server_and_plain_session():
+    """A script that builds its own tf.train.Server and plain Session is parallel too."""
+    workers, devices = 2, 1
+    global_batch = workers * devices * BATCH
+    x, y = make_data(global_batch * STEPS)
+    _, reference = serial_train(x, y, global_batch, STEPS)
+
+    def worker(index):
+        cluster = epl.Env.get().cluster
+        server = tf.train.Server(tf.train.ClusterSpec(cluster.cluster_spec()), "worker", index)
+        wx = worker_rows(x, STEPS, workers, devices * BATCH, index)
+        wy = worker_rows(y, STEPS, workers, devices * BATCH, index)
+        with epl.replicate(1):
+            loss = mlp(*dataset_input(wx, wy, BATCH), weights=initial_weights())
+        train = train_step(loss)
+        with tf.Session(server.target) as sess:
+            sess.run(tf.global_variables_initializer())
+            for _ in range(STEPS):
+                sess.run(train)
+            return copy_values(sess, "d1/kernel")
+
+    results = run_workers(worker, workers, devices)
+    assert max_diff(reference["d1/kernel"], [c for r in results for c in r]) < TOL
