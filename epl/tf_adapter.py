@@ -10,6 +10,7 @@ from tensorflow.python.client import session as _session
 from tensorflow.python.eager import context as _context
 from tensorflow.python.framework import ops as _ops
 from tensorflow.python.ops import collective_ops
+from tensorflow.python.ops import control_flow_ops as _control_flow_ops
 from tensorflow.python.ops import gen_resource_variable_ops as _gen_rv
 from tensorflow.python.ops import gen_state_ops as _gen_state
 from tensorflow.python.ops import gradients_util as _gradients_util
@@ -117,6 +118,11 @@ def is_function_graph(graph):
 def function_names(graph):
     """Names of the functions defined in ``graph``."""
     return set(graph._functions)  # pylint: disable=protected-access
+
+
+def switch(tensor, pred):
+    """(output_false, output_true): the untaken side is a dead tensor at run time."""
+    return _control_flow_ops.switch(tensor, pred)
 
 
 def get_default_graph():

@@ -4,6 +4,7 @@ Equivalence tests train the same model K steps serially on global batches and
 under EPL on per-replica batches that partition each global batch, then
 compare weights.
 """
+import contextlib
 import socket
 import threading
 
@@ -26,7 +27,8 @@ def make_data(rows, seed=0):
 def initial_weights(seed=1):
     rng = np.random.RandomState(seed)
     return {"d1/kernel": rng.rand(FEATURES, HIDDEN).astype(np.float32) - 0.5,
-            "d2/kernel": rng.rand(HIDDEN, CLASSES).astype(np.float32) - 0.5}
+            "d2/kernel": rng.rand(HIDDEN, CLASSES).astype(np.float32) - 0.5,
+            "mid/kernel": rng.rand(HIDDEN, HIDDEN).astype(np.float32) - 0.5}
 
 
 def optimizer(name="momentum"):
@@ -46,6 +48,34 @@ def mlp(x, y, weights):
     return tf.losses.sparse_softmax_cross_entropy(y, logits)
 
 
+def staged_mlp(x, y, weights, depth=2, scopes=None):
+    """The MLP with ``depth`` (2 or 3) layers, each layer one pipeline stage.
+
+    ``scopes(i)`` returns the strategy scope of stage i (default
+    ``epl.replicate(1, name="stage_i")``); ``scopes=False`` builds the same
+    layers with no EPL scope (the serial reference).
+    """
+    init = lambda name: tf.constant_initializer(weights[name])
+    if scopes is None:
+        scopes = lambda i: epl.replicate(1, name="stage_%d" % i)
+    layers = [lambda t: tf.layers.dense(t, HIDDEN, activation=tf.nn.relu,
+                                        kernel_initializer=init("d1/kernel"), name="d1")]
+    if depth == 3:
+        layers.append(lambda t: tf.layers.dense(t, HIDDEN, activation=tf.nn.tanh,
+                                                kernel_initializer=init("mid/kernel"),
+                                                name="mid"))
+    layers.append(lambda t: tf.losses.sparse_softmax_cross_entropy(
+        y, tf.layers.dense(t, CLASSES, kernel_initializer=init("d2/kernel"), name="d2")))
+    value = x
+    for index, layer in enumerate(layers):
+        if scopes is False:
+            value = layer(value)
+        else:
+            with scopes(index):
+                value = layer(value)
+    return value
+
+
 def dataset_input(x, y, batch):
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
     return tf.data.make_one_shot_iterator(data).get_next()
@@ -62,11 +92,32 @@ def variable_values(sess):
     return dict(zip(names, values))
 
 
-def serial_train(x, y, batch, steps, opt_name="momentum", weights=None):
-    """Reference: one device, global batches. Returns (losses, variables)."""
+@contextlib.contextmanager
+def epl_paused():
+    """Build and run a plain TF graph even while EPL's hooks are installed."""
+    from epl.env import _hooks
+    registry = _hooks()
+    was_installed = registry.installed
+    registry.uninstall()
+    try:
+        yield
+    finally:
+        if was_installed:
+            registry.install()
+
+
+def serial_train(x, y, batch, steps, opt_name="momentum", weights=None, depth=2):
+    """Reference: one device, global batches. Returns (losses, variables).
+
+    ``depth=3`` trains the three-layer variant used by 3-stage pipelines.
+    """
     weights = weights or initial_weights()
-    with tf.Graph().as_default():
-        loss = mlp(*dataset_input(x, y, batch), weights=weights)
+    with epl_paused(), tf.Graph().as_default():
+        xb, yb = dataset_input(x, y, batch)
+        if depth == 3:
+            loss = staged_mlp(xb, yb, weights, 3, scopes=False)
+        else:
+            loss = mlp(xb, yb, weights=weights)
         train = train_step(loss, opt_name)
         with tf.Session() as sess:
             sess.run(tf.global_variables_initializer())

@@ -114,9 +114,9 @@ class Graph(object):
         self.op_info[op.name] = info
         if taskgraph is not None:
             self.taskgraphs[taskgraph].op_names.append(op.name)
-        elif phase == Phase.FORWARD:
+        elif phase == Phase.FORWARD or not self._resolving:
             self._unassigned.append(op.name)
-        elif self._resolving:
+        else:
             self._resolving[-1].append(op)
 
     def record_clone(self, op, source_info, replica, micro_batch, origin):
@@ -168,7 +168,11 @@ class Graph(object):
         return taskgraph.index
 
     def ensure_taskgraph(self):
-        """Give unannotated models one implicit ``replicate(1)`` TaskGraph."""
+        """Give unannotated models one implicit ``replicate(1)`` TaskGraph.
+
+        Also places ops still waiting for a TaskGraph (created outside every
+        scope) in the most recent replicate TaskGraph.
+        """
         if not self.taskgraphs:
             self._new_taskgraph(implicit_strategy(), implicit=True)
         elif self._unassigned:
@@ -187,6 +191,8 @@ class Graph(object):
             info.taskgraph = self._taskgraph_from_neighbours(op)
             if info.taskgraph is not None:
                 self.taskgraphs[info.taskgraph].op_names.append(op.name)
+            else:  # no TaskGraph exists yet: join the first one created
+                self._unassigned.append(op.name)
 
     def _taskgraph_from_neighbours(self, op):
         root = tf_adapter.colocation_root(op)

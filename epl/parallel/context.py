@@ -26,6 +26,8 @@ class RewriteContext(object):
         self.instances = {}
         self.roles = None
         self.keys = KeyRegistry()
+        self.prepare_ops = []      # run once before the first step (broadcasts)
+        self.epl_variables = []    # EPL's own state (accumulators), initialized then too
         self.program = ParallelProgram(plan, self.worker, len(self.copies))
         self._communicators = {}
 
@@ -50,6 +52,8 @@ class RewriteContext(object):
         if op.name in self.roles.shared or op.name in self.roles.pinned:
             return self.host
         info = self.view.info(op)
+        if info.taskgraph is None:
+            raise RuntimeError("op %s (%s) has no TaskGraph: %r" % (op.name, op.type, info))
         return self.device(info.taskgraph, copy)
 
     # ---- instances -----------------------------------------------------------------

@@ -21,6 +21,8 @@ class ParallelProgram(object):
         self.sync_op = None     # broadcasts replica 0's variables to every copy
         self.init_check = None  # scalar bool: are the user's variables initialized?
         self.variable_copies = {}  # user variable op name -> [variable op of each copy]
+        self.schedule = None       # the pipeline Schedule imposed, if any
+        self.boundaries = []       # per copy: ({action: entrance ops}, {action: exit ops})
 
     def add_extras(self, op_name, ops):
         """Run ``ops`` whenever the user fetches the op named ``op_name``."""

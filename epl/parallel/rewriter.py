@@ -12,7 +12,9 @@ from epl.ir.phase import Phase
 from epl.parallel.context import RewriteContext
 from epl.parallel.passes.batch_split import BatchSplit
 from epl.parallel.passes.gradients import GradientAggregation
+from epl.parallel.passes.micro_batches import MicroBatchClone
 from epl.parallel.passes.outputs import MergedOutputs
+from epl.parallel.passes.pipeline import ScheduleLowering
 from epl.parallel.passes.placement import Placement
 from epl.parallel.passes.replicas import ReplicaClone
 from epl.parallel.passes.steps import SharedStepDependencies
@@ -25,10 +27,12 @@ LOG = logging.getLogger("epl")
 
 PASSES = (
     Placement(),
+    MicroBatchClone(),
     ReplicaClone(),
     BatchSplit(),
     GradientAggregation(),
     SharedStepDependencies(),
+    ScheduleLowering(),
     MergedOutputs(),
     VariableSync(),
 )
@@ -85,13 +89,9 @@ def _check_supported(plan, cluster):
     if any(tg.kind == SPLIT for tg in plan.taskgraphs):
         raise NotImplementedError("epl.split is not supported by this EPL version yet; "
                                   "use epl.replicate")
-    if plan.pipeline or plan.gradient_accumulation:
-        raise NotImplementedError("pipeline.num_micro_batch > 1 (pipeline / gradient "
-                                  "accumulation) is not supported by this EPL version yet")
     if len(plan.taskgraphs) > 1 and any(tg.device_count > 1 for tg in plan.taskgraphs):
         raise NotImplementedError("replicate(device_count > 1) is supported for a single "
                                   "TaskGraph only")
     if not plan.replicas_built_by(cluster.worker_index):
-        raise NotImplementedError("worker %d holds no first stage of any model replica; "
-                                  "pipelines spanning workers are not supported yet"
-                                  % cluster.worker_index)
+        raise ValueError("worker %d builds no model replica; it should only serve its "
+                         "devices (see epl.parallel.serving)" % cluster.worker_index)

@@ -23,7 +23,7 @@ import weakref
 from epl import tf_adapter
 from epl.cluster.session_config import session_config
 from epl.ir.graph import Graph
-from epl.parallel import rewriter
+from epl.parallel import rewriter, serving
 from epl.parallel.hooks import Patch
 
 LOG = logging.getLogger("epl")
@@ -49,6 +49,9 @@ def program_for(graph, provider):
     if rewriter.needs_rewrite(view):
         env = view.owner or provider()
         view.owner = env
+        plan = rewriter.plan_for(view, env.config, env.cluster)
+        if not plan.replicas_built_by(env.cluster.worker_index):
+            serving.serve(env, plan)
         rewriter.parallelize(view, env.config, env.cluster)
     return view.parallel
 

@@ -11,26 +11,28 @@ class VariableSync(Pass):
     initialized or restored and before the first training step; the copies'
     variables need no initializer of their own because assignment initializes
     them. Across workers the global step is broadcast too, so a restore on the
-    chief reaches everyone.
+    chief reaches everyone. EPL's own state (gradient accumulators) is
+    (re)initialized by the same op.
     """
 
     name = "variable_sync"
 
-    def applies(self, ctx):
-        return ctx.plan.num_replicas * ctx.plan.taskgraphs[0].device_count > 1 or \
-            ctx.cluster.worker_num > 1
-
     def run(self, ctx):
         ops = []
-        for var_op in ctx.roles.variables:
-            ops.extend(self._broadcast_variable(ctx, var_op))
-        ops.extend(self._broadcast_step(ctx))
-        user_vars = list(ctx.roles.variables)
-        step = tf_adapter.global_step_tensor(ctx.tf_graph)
-        if step is not None:
-            user_vars.append(step.op)
+        if len(ctx.plan.taskgraphs[0].all_devices) > 1 or ctx.cluster.worker_num > 1:
+            for var_op in ctx.roles.variables:
+                ops.extend(self._broadcast_variable(ctx, var_op))
+            ops.extend(self._broadcast_step(ctx))
         with tf.device(ctx.host), tf.name_scope("EPL_SYNC"):
-            ctx.program.sync_op = tf.group(*ops, name="sync") if ops else None
+            if ctx.epl_variables:
+                ops.append(tf.variables_initializer(ctx.epl_variables, name="init_epl_state"))
+            if not ops:
+                return
+            ctx.program.sync_op = tf.group(*ops, name="sync")
+            user_vars = list(ctx.roles.variables)
+            step = tf_adapter.global_step_tensor(ctx.tf_graph)
+            if step is not None:
+                user_vars.append(step.op)
             checks = [tf_adapter.is_variable_initialized(v) for v in user_vars]
             ctx.program.init_check = tf.reduce_all(tf.stack(checks)) if checks else None
 

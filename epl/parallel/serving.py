@@ -1,0 +1,55 @@
+"""Workers that build no model replica only serve their devices.
+
+When a pipeline spans workers (2 workers x 1 device, 2 stages), worker 0
+builds the whole replica and places stage 1 on worker 1's device through TF's
+distributed runtime; worker 1 only has to keep its server up. It does so
+until every worker that drives it has finished (its server stops answering),
+then exits with status 0 so launchers see a clean finish.
+"""
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+
+LOG = logging.getLogger("epl")
+
+
+def _reachable(host_port, timeout=1.0):
+    host, port = host_port.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_drivers(hosts, poll=1.0, startup_timeout=600.0, reachable=_reachable):
+    """Block until the driver workers were up and then went away."""
+    deadline = time.time() + startup_timeout
+    while not all(reachable(h) for h in hosts):
+        if time.time() > deadline:
+            raise RuntimeError("EPL serving worker: driver worker(s) %s never came up within "
+                               "%d s" % (hosts, startup_timeout))
+        time.sleep(poll)
+    misses = 0
+    while misses < 3:
+        time.sleep(poll)
+        misses = 0 if all(reachable(h) for h in hosts) else misses + 1
+
+
+def serve(env, plan):
+    """Start this worker's server, serve until the drivers finish, then exit 0."""
+    worker = env.cluster.worker_index
+    drivers = sorted(set(plan.constructor_of(r) for r in range(plan.num_replicas)))
+    env.get_or_create_server()
+    LOG.warning("EPL: worker %d builds no model replica; it serves its devices to worker(s) "
+                "%s and exits when they finish", worker, drivers)
+    wait_for_drivers([env.cluster.hosts[w] for w in drivers])
+    LOG.warning("EPL: worker %d: driver worker(s) finished; exiting", worker)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if threading.current_thread() is threading.main_thread():
+        os._exit(0)  # TF 1.15 servers cannot be shut down; a normal exit can hang
+    sys.exit(0)

@@ -1,0 +1,566 @@
+"""Pipeline schedules as data: the order in which each stage runs its micro-batches.
+
+A pipeline of ``S`` stages runs ``M`` micro-batches per step. Stage ``s`` runs a
+forward ``F(s, m)`` and a backward ``B(s, m)`` for every micro-batch ``m``. The data
+dependencies are fixed by the model; the only freedom is the ORDER in which each stage
+runs its ``2M`` actions, and that order alone decides the idle time (the "bubble") and the
+activation memory. So a schedule is nothing more than that order, one tuple per stage.
+
+Keeping it as plain, immutable data (no TensorFlow here) means a schedule can be printed,
+diffed against golden files, simulated and validated before EPL lowers it into control
+dependencies, and a broken order is reported as a readable grid instead of a hung step.
+
+Example::
+
+    from epl.strategies import schedule
+    sched = schedule.get_schedule("PreferBackward", num_stages=4, num_micro_batch=8)
+    schedule.validate(sched)     # raises ScheduleError with a marked grid if broken
+    print(sched)                 # the simulated time-slot grid
+    schedule.save_png(sched, "1f1b.png")
+
+Command line: ``python -m epl.strategies.schedule --stages 4 --micro-batches 8``.
+"""
+import argparse
+import collections
+import fractions
+import re
+import sys
+
+FORWARD = "F"
+BACKWARD = "B"
+PREFER_BACKWARD = "PreferBackward"
+PREFER_FORWARD = "PreferForward"
+
+# Strict on purpose: no signs, no leading zeros, no spaces, so that parse(str(a)) == a and
+# str(parse(text)) == text for every accepted text (golden files stay canonical).
+_ACTION_RE = re.compile(r"(0|[1-9][0-9]*)([FB])(0|[1-9][0-9]*)")
+
+
+class ScheduleError(ValueError):
+    """A schedule, its text or its parameters are invalid; the message says how to fix it."""
+
+
+def _is_index(value):
+    # bool is an int subclass, but True as a stage number is always a bug.
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_count(label, value):
+    """Reject counts early so errors name the argument, not a later symptom."""
+    if not _is_index(value) or value < 1:
+        raise ScheduleError("%s must be an integer >= 1, got %r" % (label, value))
+    return value
+
+
+class Action(collections.namedtuple("Action", "stage kind micro_batch")):
+    """One unit of work: stage ``stage`` runs the forward ("F") or backward ("B") of a
+    micro-batch. Its text form, e.g. ``1F3``, is what grids and golden files show."""
+
+    __slots__ = ()
+
+    def __new__(cls, stage, kind, micro_batch):
+        if not _is_index(stage):
+            raise ScheduleError("Action stage must be an integer >= 0, got %r" % (stage,))
+        if kind not in (FORWARD, BACKWARD):
+            raise ScheduleError("Action kind must be %r or %r, got %r"
+                                % (FORWARD, BACKWARD, kind))
+        if not _is_index(micro_batch):
+            raise ScheduleError("Action micro_batch must be an integer >= 0, got %r"
+                                % (micro_batch,))
+        return super(Action, cls).__new__(cls, stage, kind, micro_batch)
+
+    def __str__(self):
+        return "%d%s%d" % (self.stage, self.kind, self.micro_batch)
+
+    @classmethod
+    def parse(cls, text):
+        """``"12B10"`` -> ``Action(12, "B", 10)``; anything else raises ScheduleError."""
+        match = _ACTION_RE.fullmatch(text) if isinstance(text, str) else None
+        if match is None:
+            raise ScheduleError("cannot parse action %r: expected <stage><F|B><micro_batch> "
+                                "such as '1F3' or '12B10'" % (text,))
+        return cls(int(match.group(1)), match.group(2), int(match.group(3)))
+
+
+def _as_action(value):
+    return value if isinstance(value, Action) else Action.parse(value)
+
+
+def _as_row(row):
+    # A row may be given as text ("0F0 0F1 ...") because that is how schedules are written.
+    items = row.split() if isinstance(row, str) else row
+    return tuple(_as_action(item) for item in items)
+
+
+class Schedule(object):
+    """Per stage, the order of its actions. Immutable and compared by value, so schedules
+    can be cached, used as dict keys and compared with golden files.
+
+    ``stages`` is one sequence per stage of Actions (or their text). Only the shape is
+    checked here; ``validate`` checks the content, so broken schedules can still be built,
+    printed and diagnosed.
+    """
+
+    __slots__ = ("name", "num_stages", "num_micro_batch", "stages")
+
+    def __init__(self, name, num_stages, num_micro_batch, stages):
+        if not isinstance(name, str) or not name:
+            raise ScheduleError("schedule name must be a non-empty string, got %r" % (name,))
+        _check_count("num_stages", num_stages)
+        _check_count("num_micro_batch", num_micro_batch)
+        rows = tuple(_as_row(row) for row in stages)
+        if len(rows) != num_stages:
+            raise ScheduleError("schedule %r has %d stage rows but num_stages=%d"
+                                % (name, len(rows), num_stages))
+        for field, value in (("name", name), ("num_stages", num_stages),
+                             ("num_micro_batch", num_micro_batch), ("stages", rows)):
+            object.__setattr__(self, field, value)
+
+    def __setattr__(self, field, value):
+        raise AttributeError("Schedule is immutable; build a new one instead")
+
+    def __delattr__(self, field):
+        raise AttributeError("Schedule is immutable; build a new one instead")
+
+    def __reduce__(self):
+        return (Schedule, self._key())
+
+    def _key(self):
+        return (self.name, self.num_stages, self.num_micro_batch, self.stages)
+
+    def __eq__(self, other):
+        return type(other) is Schedule and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        return "<Schedule %s: %d stages x %d micro-batches>" % (
+            self.name, self.num_stages, self.num_micro_batch)
+
+    def __str__(self):
+        return to_grid(self)
+
+    def stage(self, s):
+        """The actions of stage ``s``, in the order that stage runs them."""
+        if not _is_index(s) or s >= self.num_stages:
+            raise ScheduleError("stage must be an integer in 0..%d, got %r"
+                                % (self.num_stages - 1, s))
+        return self.stages[s]
+
+    def compact(self):
+        """One line per stage, actions separated by spaces: the golden-file form."""
+        return "\n".join(" ".join(str(action) for action in row) for row in self.stages)
+
+    @classmethod
+    def parse(cls, text, name="parsed", num_micro_batch=None):
+        """Inverse of ``compact``. Blank lines are ignored; when ``num_micro_batch`` is not
+        given it is the largest micro-batch index in the text plus one."""
+        if not isinstance(text, str):
+            raise ScheduleError("Schedule.parse needs a string, got %r" % (text,))
+        rows = [_as_row(line) for line in text.splitlines() if line.strip()]
+        if not rows:
+            raise ScheduleError("cannot parse a schedule from text without actions")
+        if num_micro_batch is None:
+            num_micro_batch = 1 + max(a.micro_batch for row in rows for a in row)
+        return cls(name, len(rows), num_micro_batch, rows)
+
+
+# --------------------------------------------------------------------------- strategies
+
+def prefer_forward(num_stages, num_micro_batch):
+    """GPipe-like: every stage runs all forwards, then all backwards. Simple, but every
+    stage holds the activations of all M micro-batches at its peak."""
+    _check_count("num_stages", num_stages)
+    _check_count("num_micro_batch", num_micro_batch)
+    rows = []
+    for s in range(num_stages):
+        rows.append([Action(s, FORWARD, m) for m in range(num_micro_batch)]
+                    + [Action(s, BACKWARD, m) for m in range(num_micro_batch)])
+    return Schedule(PREFER_FORWARD, num_stages, num_micro_batch, rows)
+
+
+def _one_f_one_b(s, num_stages, num_micro_batch):
+    """Stage s: min(S - s, M) warm-up forwards (just enough to keep the stages below busy
+    until the first backward comes back), then one backward / one forward, then drain."""
+    warm_up = min(num_stages - s, num_micro_batch)
+    row = [Action(s, FORWARD, m) for m in range(warm_up)]
+    next_f, next_b = warm_up, 0
+    while next_f < num_micro_batch:
+        row += [Action(s, BACKWARD, next_b), Action(s, FORWARD, next_f)]
+        next_b, next_f = next_b + 1, next_f + 1
+    row += [Action(s, BACKWARD, m) for m in range(next_b, num_micro_batch)]
+    return row
+
+
+def prefer_backward(num_stages, num_micro_batch):
+    """1F1B (PipeDream-flush-like), EPL's default: same makespan as GPipe with unit times,
+    but a backward frees activations as soon as possible, so stage s holds at most
+    min(S - s, M) micro-batches instead of M."""
+    _check_count("num_stages", num_stages)
+    _check_count("num_micro_batch", num_micro_batch)
+    rows = [_one_f_one_b(s, num_stages, num_micro_batch) for s in range(num_stages)]
+    return Schedule(PREFER_BACKWARD, num_stages, num_micro_batch, rows)
+
+
+_STRATEGIES = collections.OrderedDict([
+    (PREFER_BACKWARD.lower(), prefer_backward),
+    (PREFER_FORWARD.lower(), prefer_forward),
+])
+
+
+def get_schedule(name, num_stages, num_micro_batch):
+    """The schedule for the ``pipeline.strategy`` config value (case-insensitive, like the
+    config itself)."""
+    builder = _STRATEGIES.get(name.lower()) if isinstance(name, str) else None
+    if builder is None:
+        raise ScheduleError("unknown pipeline schedule %r; expected one of %s "
+                            "(case-insensitive)" % (name, ", ".join((PREFER_BACKWARD,
+                                                                     PREFER_FORWARD))))
+    return builder(num_stages, num_micro_batch)
+
+
+# --------------------------------------------------------------------------- simulation
+
+def dependencies(action, num_stages):
+    """The actions that must finish before ``action`` may start (data dependencies only;
+    the order within a stage is the schedule's business)."""
+    s, kind, m = action
+    if kind == FORWARD:
+        return (Action(s - 1, FORWARD, m),) if s > 0 else ()
+    deps = [Action(s, FORWARD, m)]
+    if s < num_stages - 1:
+        deps.append(Action(s + 1, BACKWARD, m))
+    return tuple(deps)
+
+
+class Timeline(collections.namedtuple("Timeline", "slots blocked")):
+    """Result of ``simulate``. ``slots[t][s]`` is the Action stage s runs in slot t, or None
+    when idle. ``blocked[s]`` is the action stage s could not start when the simulation
+    stalled (None for stages that finished, and for all stages when complete)."""
+
+    __slots__ = ()
+
+    @property
+    def complete(self):
+        return all(action is None for action in self.blocked)
+
+    @property
+    def makespan(self):
+        return len(self.slots)
+
+    def done(self):
+        """Every action that ran, for explaining what a blocked action still needs."""
+        return {action for slot in self.slots for action in slot if action is not None}
+
+
+def simulate(schedule):
+    """Unit-time simulation: in each slot every stage starts its next action if all of that
+    action's dependencies finished in an EARLIER slot. Deterministic. A slot in which no
+    stage can start while actions remain can never change, so the simulation stops there
+    and reports the stall in ``Timeline.blocked`` instead of raising, so that callers can
+    still draw the partial timeline."""
+    rows, num_stages = schedule.stages, schedule.num_stages
+    position = [0] * num_stages
+    done, slots = set(), []
+    remaining = sum(len(row) for row in rows)
+    while remaining:
+        slot = []
+        for s, row in enumerate(rows):
+            action = row[position[s]] if position[s] < len(row) else None
+            ready = action is not None and all(
+                dep in done for dep in dependencies(action, num_stages))
+            slot.append(action if ready else None)
+        if all(action is None for action in slot):
+            break
+        for s, action in enumerate(slot):
+            if action is not None:
+                position[s] += 1
+                remaining -= 1
+                done.add(action)
+        slots.append(tuple(slot))
+    blocked = tuple(row[position[s]] if position[s] < len(row) else None
+                    for s, row in enumerate(rows))
+    return Timeline(tuple(slots), blocked)
+
+
+def bubble_fraction(schedule):
+    """Idle cells / all cells of the simulated grid, as an exact Fraction. For both built-in
+    strategies with unit times this is (S - 1) / (M + S - 1)."""
+    timeline = simulate(schedule)
+    if not timeline.complete:
+        raise ScheduleError("schedule %r stalls, so it has no bubble fraction; run "
+                            "validate() for the reason" % schedule.name)
+    total = timeline.makespan * schedule.num_stages
+    if not total:
+        raise ScheduleError("schedule %r has no actions, so it has no bubble fraction"
+                            % schedule.name)
+    idle = sum(action is None for slot in timeline.slots for action in slot)
+    return fractions.Fraction(idle, total)
+
+
+def peak_in_flight(schedule):
+    """Per stage, the most micro-batches whose forward ran but whose backward has not: a
+    proxy for activation memory. Follows each stage's own order, so no simulation."""
+    peaks = []
+    for row in schedule.stages:
+        in_flight = peak = 0
+        for action in row:
+            in_flight += 1 if action.kind == FORWARD else -1
+            peak = max(peak, in_flight)
+        peaks.append(peak)
+    return tuple(peaks)
+
+
+# --------------------------------------------------------------------------- text grid
+
+def _as_marks(mark):
+    if mark is None:
+        return frozenset()
+    if isinstance(mark, (Action, str)):
+        return frozenset([_as_action(mark)])
+    return frozenset(_as_action(item) for item in mark)
+
+
+def _cell(action, marks, width):
+    if action is None:
+        text = "."
+    elif action in marks:
+        text = "[%s]" % (action,)
+    else:
+        text = str(action)
+    return text.center(width)
+
+
+def _footer(schedule, timeline):
+    if not timeline.complete:
+        total = sum(len(row) for row in schedule.stages)
+        ran = sum(action is not None for slot in timeline.slots for action in slot)
+        return ("STALLED after %d slots: %d of %d actions never started (no stage can "
+                "start its next action)" % (timeline.makespan, total - ran, total))
+    cells = timeline.makespan * schedule.num_stages
+    if not cells:
+        return "0 slots: the schedule has no actions"
+    idle = sum(action is None for slot in timeline.slots for action in slot)
+    return ("%d slots, bubble fraction (idle cells / all cells) = %d/%d = %.1f%%"
+            % (timeline.makespan, idle, cells, 100.0 * idle / cells))
+
+
+def to_grid(schedule, mark=None):
+    """The simulated timeline as fixed-width text: one column per time slot, one row per
+    stage, ``.`` where a stage idles. ``mark`` (an Action, its text, or several) is shown
+    ``[like this]``; a marked action missing from the schedule is named at the end of its
+    stage's row. If the simulation stalls, each stage's actions that never started follow
+    ``||`` so that every action of the schedule is visible somewhere."""
+    timeline = simulate(schedule)
+    marks = _as_marks(mark)
+    present = {action for row in schedule.stages for action in row}
+    width = 2 + max([len(str(action)) for action in present]
+                    + [len(str(timeline.makespan - 1))])
+    label_width = len("stage %d" % (schedule.num_stages - 1))
+    header = "slot".ljust(label_width) + " |" + "".join(
+        str(t).center(width) for t in range(timeline.makespan))
+    if not timeline.complete:
+        header += " ||  not run"
+    lines = ["%s: %d stages x %d micro-batches" % (
+        schedule.name, schedule.num_stages, schedule.num_micro_batch), header.rstrip()]
+    for s, row in enumerate(schedule.stages):
+        line = ("stage %d" % s).ljust(label_width) + " |" + "".join(
+            _cell(slot[s], marks, width) for slot in timeline.slots)
+        if not timeline.complete:
+            started = sum(slot[s] is not None for slot in timeline.slots)
+            line += " || " + "".join(_cell(action, marks, width) for action in row[started:])
+        missing = sorted(m for m in marks if m.stage == s and m not in present)
+        if missing:
+            line += "  <- %s missing" % " ".join("[%s]" % (action,) for action in missing)
+        lines.append(line.rstrip())
+    for action in sorted(m for m in marks - present if m.stage >= schedule.num_stages):
+        lines.append("marked [%s]: not in this schedule, which has stages 0..%d"
+                     % (action, schedule.num_stages - 1))
+    lines.append(_footer(schedule, timeline))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- validation
+
+def _check_rows(schedule):
+    """Each row holds only its own stage's actions, for existing micro-batches."""
+    for s, row in enumerate(schedule.stages):
+        for action in row:
+            if action.stage != s:
+                return action, ("stage %d's row holds %s, an action of stage %d; a row may "
+                                "only hold its own stage's actions" % (s, action, action.stage))
+            if action.micro_batch >= schedule.num_micro_batch:
+                return action, ("stage %d's row holds %s, but the schedule has only %d "
+                                "micro-batches (0..%d)" % (s, action, schedule.num_micro_batch,
+                                                           schedule.num_micro_batch - 1))
+    return None
+
+
+def _check_exactly_once(schedule):
+    """Every F and B of every micro-batch, once per stage: a missing action would leave
+    its gradient uncomputed, a duplicate would run a micro-batch twice."""
+    for s, row in enumerate(schedule.stages):
+        counts = collections.Counter(row)
+        for action in row:
+            if counts[action] > 1:
+                return action, ("%s appears %d times on stage %d; every action must run "
+                                "exactly once" % (action, counts[action], s))
+        for m in range(schedule.num_micro_batch):
+            for kind in (FORWARD, BACKWARD):
+                action = Action(s, kind, m)
+                if action not in counts:
+                    return action, ("stage %d never runs %s; each stage must run the forward "
+                                    "and the backward of every micro-batch 0..%d exactly once"
+                                    % (s, action, schedule.num_micro_batch - 1))
+    return None
+
+
+def _check_order(schedule):
+    """F(m) before B(m), and micro-batches in increasing order per kind: EPL's lowering
+    chains micro-batches in one order shared by all stages."""
+    for s, row in enumerate(schedule.stages):
+        position = {action: i for i, action in enumerate(row)}
+        for m in range(schedule.num_micro_batch):
+            forward, backward = Action(s, FORWARD, m), Action(s, BACKWARD, m)
+            if position[backward] < position[forward]:
+                return backward, ("on stage %d, %s runs before %s; a micro-batch's backward "
+                                  "needs the activations of its forward" % (s, backward, forward))
+        for kind, label in ((FORWARD, "forwards"), (BACKWARD, "backwards")):
+            same_kind = [action for action in row if action.kind == kind]
+            for previous, action in zip(same_kind, same_kind[1:]):
+                if action.micro_batch < previous.micro_batch:
+                    return action, ("on stage %d, %s comes after %s; %s must run in increasing "
+                                    "micro-batch order, because EPL's lowering assumes every "
+                                    "stage sees the micro-batches in the same order"
+                                    % (s, action, previous, label))
+    return None
+
+
+def _where(schedule, dep, blocked):
+    """Why ``dep`` has not run: explains one edge of a deadlock in words."""
+    if dep.stage >= schedule.num_stages or dep not in schedule.stages[dep.stage]:
+        return "%s, which no stage runs" % (dep,)
+    if blocked[dep.stage] == dep:
+        return "%s, stage %d's next action, itself blocked" % (dep, dep.stage)
+    return "%s, which stage %d only runs after %s" % (dep, dep.stage, blocked[dep.stage])
+
+
+def _check_progress(schedule, timeline):
+    """The simulation must finish; otherwise name, per blocked stage, what it waits for."""
+    if timeline.complete:
+        return None
+    done = timeline.done()
+    reasons = []
+    for s, action in enumerate(timeline.blocked):
+        if action is not None:
+            waits = [_where(schedule, dep, timeline.blocked)
+                     for dep in dependencies(action, schedule.num_stages) if dep not in done]
+            reasons.append("  stage %d waits at %s for %s" % (s, action, " and ".join(waits)))
+    blocked = [action for action in timeline.blocked if action is not None]
+    return blocked, ("deadlock after %d slots: no stage can start its next action\n%s"
+                     % (timeline.makespan, "\n".join(reasons)))
+
+
+def validate(schedule):
+    """Check that ``schedule`` is complete, ordered as EPL's lowering needs, and runs to
+    the end. Returns the simulated Timeline; otherwise raises ScheduleError whose message
+    explains the first problem found and shows the grid with the offending action(s)
+    marked ``[like this]``. Structural problems are reported before deadlocks because
+    they are the more direct explanation."""
+    if not isinstance(schedule, Schedule):
+        raise ScheduleError("validate() needs a Schedule, got %r" % (schedule,))
+    for check in (_check_rows, _check_exactly_once, _check_order):
+        problem = check(schedule)
+        if problem is not None:
+            _fail(schedule, *problem)
+    timeline = simulate(schedule)
+    problem = _check_progress(schedule, timeline)
+    if problem is not None:
+        _fail(schedule, *problem)
+    return timeline
+
+
+def _fail(schedule, mark, message):
+    raise ScheduleError("invalid pipeline schedule %r: %s\n\n%s\n(offending action marked "
+                        "[like this])" % (schedule.name, message, to_grid(schedule, mark)))
+
+
+# --------------------------------------------------------------------------- picture
+
+_COLOURS = {FORWARD: "#8ecae6", BACKWARD: "#f4a261"}
+
+
+def save_png(schedule, path):
+    """Draw the simulated grid to a PNG (forwards and backwards in two colours, stages as
+    rows, time as columns) and return ``path``. matplotlib is imported here, and only its
+    Agg canvas is used, so importing this module and the global pyplot backend are
+    unaffected."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch, Rectangle
+    except ImportError as exc:
+        raise ScheduleError("save_png needs matplotlib (pip install 'pyepl[plot]'): %s" % exc)
+    timeline = simulate(schedule)
+    num_slots, num_stages = max(timeline.makespan, 1), schedule.num_stages
+    figure = Figure(figsize=(max(5.0, 0.45 * num_slots + 1.8), 0.55 * num_stages + 1.6))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    for t, slot in enumerate(timeline.slots):
+        for s, action in enumerate(slot):
+            if action is not None:
+                axes.add_patch(Rectangle((t, s), 1, 1, facecolor=_COLOURS[action.kind],
+                                         edgecolor="white", linewidth=1.5))
+                axes.text(t + 0.5, s + 0.5, "%s%d" % (action.kind, action.micro_batch),
+                          ha="center", va="center", fontsize=8)
+    axes.set_xlim(0, num_slots)
+    axes.set_ylim(num_stages, 0)
+    step = max(1, num_slots // 30)
+    axes.set_xticks([t + 0.5 for t in range(0, num_slots, step)])
+    axes.set_xticklabels([str(t) for t in range(0, num_slots, step)])
+    axes.set_yticks([s + 0.5 for s in range(num_stages)])
+    axes.set_yticklabels(["stage %d" % s for s in range(num_stages)])
+    axes.set_xlabel("time slot")
+    axes.legend(handles=[Patch(facecolor=_COLOURS[FORWARD], label="forward F(m)"),
+                         Patch(facecolor=_COLOURS[BACKWARD], label="backward B(m)")],
+                loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    status = ", STALLED" if not timeline.complete else (
+        ", bubble %.1f%%" % (100.0 * bubble_fraction(schedule)) if timeline.slots else "")
+    axes.set_title("%s: S=%d stages, M=%d micro-batches (%d slots%s)" % (
+        schedule.name, num_stages, schedule.num_micro_batch, timeline.makespan, status))
+    figure.tight_layout()
+    figure.savefig(path, format="png", dpi=100)
+    return path
+
+
+# --------------------------------------------------------------------------- command line
+
+def main(argv=None):
+    """``python -m epl.strategies.schedule``: print (and optionally draw) a schedule."""
+    parser = argparse.ArgumentParser(
+        prog="python -m epl.strategies.schedule",
+        description="Print the simulated time-slot grid of an EPL pipeline schedule.")
+    parser.add_argument("--stages", type=int, required=True, help="number of stages S")
+    parser.add_argument("--micro-batches", type=int, required=True,
+                        help="number of micro-batches M per step")
+    parser.add_argument("--strategy", default=PREFER_BACKWARD,
+                        help="PreferBackward (1F1B, default) or PreferForward (GPipe-like)")
+    parser.add_argument("--png", help="also save the grid as a PNG picture to this path")
+    parser.add_argument("--compact", action="store_true",
+                        help="print the per-stage order (golden-file form) instead of the grid")
+    args = parser.parse_args(argv)
+    try:
+        schedule = get_schedule(args.strategy, args.stages, args.micro_batches)
+        validate(schedule)
+        print(schedule.compact() if args.compact else to_grid(schedule))
+        if args.png:
+            print("saved %s" % save_png(schedule, args.png))
+    except ScheduleError as exc:
+        print("error: %s" % exc, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Pipeline parallelism and gradient accumulation on one worker's virtual devices."""
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import epl
+from epl.cluster import Cluster
+from epl.parallel.plan import PlanError
+from eplutil import (copy_values, dataset_input, initial_weights, make_data, max_diff, mlp,
+                     serial_train, staged_mlp, train_step)
+
+TOL = 1e-5
+B, K = 4, 3
+
+
+def _pipeline(devices, depth, micro_batches, strategy="PreferBackward", steps=K,
+              collect=False, scopes=None, config=None):
+    replicas = devices // depth
+    x, y = make_data(micro_batches * B * replicas * (steps + 1))  # one spare step
+    epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches,
+                         "pipeline.strategy": strategy}),
+             cluster=Cluster(devices_per_worker=devices))
+    xb, yb = dataset_input(x, y, B)
+    loss = staged_mlp(xb, yb, initial_weights(), depth, scopes=scopes)
+    if collect:
+        epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
+    train = train_step(loss)
+    sess = tf.Session(config=config)
+    sess.run(tf.global_variables_initializer())
+    losses = [sess.run([loss, train])[0] for _ in range(steps)]
+    return x, y, sess, losses
+
+
+@pytest.mark.parametrize("strategy", ["PreferBackward", "PreferForward"])
+@pytest.mark.parametrize("depth", [2, 3])
+def test_pipeline_matches_serial(strategy, depth):
+    x, y, sess, _ = _pipeline(depth, depth, 4, strategy)
+    _, ref = serial_train(x, y, 4 * B, K, depth=depth)
+    names = ["d1/kernel", "d2/kernel", "d1/bias"] + (["mid/kernel"] if depth == 3 else [])
+    for name in names:
+        assert max_diff(ref[name], copy_values(sess, name)) < TOL, name
+    assert sess.run(tf.train.get_global_step()) == K
+    assert epl.Graph.get().parallel.schedule.name == strategy
+
+
+@pytest.mark.parametrize("strategy", ["PreferBackward", "PreferForward"])
+def test_data_parallel_over_pipelines(strategy):
+    x, y, sess, _ = _pipeline(4, 2, 4, strategy)
+    plan = epl.Graph.get().parallel.plan
+    assert plan.num_replicas == 2 and len(plan.stages) == 2
+    _, ref = serial_train(x, y, 2 * 4 * B, K)
+    for name in ("d1/kernel", "d2/kernel", "d2/bias"):
+        copies = copy_values(sess, name)
+        assert len(copies) == 2 and max_diff(ref[name], copies) < TOL, name
+
+
+def test_repeated_default_strategy_defines_stages():
+    scopes = lambda i: _DefaultStage()
+    x, y, sess, _ = _pipeline(2, 2, 2, scopes=scopes)
+    assert [tg.name for tg in epl.Graph.get().taskgraphs] == ["taskgraph_0", "taskgraph_1"]
+    _, ref = serial_train(x, y, 2 * B, K)
+    assert max_diff(ref["d1/kernel"], copy_values(sess, "d1/kernel")) < TOL
+
+
+class _DefaultStage(object):
+    """The BERT tutorial's pattern: set_default_strategy before each stage."""
+
+    def __enter__(self):
+        epl.set_default_strategy(epl.replicate(1))
+
+    def __exit__(self, *args):
+        return False
+
+
+def test_fetched_loss_is_micro_batch_zero_and_global_mean_averages():
+    x, y, _, losses = _pipeline(2, 2, 4, steps=1)
+    first, _ = serial_train(x, y, B, 1)
+    np.testing.assert_allclose(losses[0], first[0], atol=TOL)
+    x, y, _, losses = _pipeline(2, 2, 4, steps=1, collect=True)
+    whole, _ = serial_train(x, y, 4 * B, 1)
+    np.testing.assert_allclose(losses[0], whole[0], atol=TOL)
+
+
+def test_execution_order_follows_the_schedule():
+    # Grappler may fold boundary Identity ops away (keeping the ordering they
+    # carry); turn it off so the trace shows every boundary op.
+    config = tf.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    _, _, sess, _ = _pipeline(2, 2, 4, steps=1, config=config)
+    program = epl.Graph.get().parallel
+    entrances, exits = program.boundaries[0]
+    meta = tf.RunMetadata()
+    sess.run(tf.get_default_graph().get_operation_by_name("Momentum"),
+             options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE), run_metadata=meta)
+    start, end = {}, {}
+    for device in meta.step_stats.dev_stats:
+        for node in device.node_stats:
+            start[node.node_name] = node.all_start_micros
+            end[node.node_name] = node.all_start_micros + node.op_end_rel_micros
+    checked = 0
+    for stage in range(2):
+        actions = program.schedule.stage(stage)
+        for before, after in zip(actions, actions[1:]):
+            key_b = (before.stage, before.kind, before.micro_batch)
+            key_a = (after.stage, after.kind, after.micro_batch)
+            done = max(end[op.name] for op in exits[key_b] if op.name in end)
+            begun = min(start[op.name] for op in entrances[key_a] if op.name in start)
+            assert done <= begun, (str(before), str(after))
+            checked += 1
+    assert checked == 2 * (2 * 4 - 1)
+
+
+def test_devices_must_divide_by_pipeline_width(caplog):
+    with pytest.raises(PlanError, match="needs 2 devices.*has 3 devices"):
+        _pipeline(3, 2, 2, steps=1)
+
+
+def test_warns_when_micro_batches_are_fewer_than_stages(caplog):
+    _pipeline(3, 3, 2, steps=1)
+    assert "smaller than the 3 pipeline stages" in caplog.text
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_gradient_accumulation_matches_serial(devices):
+    steps, x_rows = 3, 3 * B * devices * K
+    x, y = make_data(x_rows)
+    _, ref = serial_train(x, y, 3 * B * devices, K)
+    epl.init(epl.Config({"pipeline.num_micro_batch": 3}),
+             cluster=Cluster(devices_per_worker=devices))
+    epl.set_default_strategy(epl.replicate(1))
+    loss = mlp(*dataset_input(x, y, B), weights=initial_weights())
+    train = train_step(loss)
+    step = tf.train.get_global_step()
+    with tf.train.MonitoredTrainingSession() as sess:
+        seen = []
+        for _ in range(steps * K):
+            sess.run(train)
+            seen.append(sess.run(step))
+        raw = sess._tf_sess()  # pylint: disable=protected-access
+        assert seen == [0, 0, 1, 1, 1, 2, 2, 2, 3]
+        for name in ("d1/kernel", "d2/kernel", "d1/bias"):
+            assert max_diff(ref[name], copy_values(raw, name)) < TOL, name
