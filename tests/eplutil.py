@@ -5,7 +5,10 @@ under EPL on per-replica batches that partition each global batch, then
 compare weights.
 """
 import contextlib
+import signal
 import socket
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -184,3 +187,25 @@ def run_workers(fn, workers, devices_per_worker, config=None, timeout=120):
         index, err = errors[0]
         raise AssertionError("worker %d failed: %s: %s" % (index, type(err).__name__, err))
     return results
+
+
+def run_launcher(args, timeout=200):
+    """Run ``python -m epl.launcher ARGS``; on timeout stop it (and so its workers).
+
+    Returns (exit code, combined output). SIGTERM lets the launcher stop
+    every worker's process group before we give up on it.
+    """
+    proc = subprocess.Popen([sys.executable, "-m", "epl.launcher"] + list(args),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            output, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+        raise AssertionError("epl-launch did not finish within %d s:\n%s"
+                             % (timeout, output.decode(errors="replace")[-3000:]))
+    return proc.returncode, output.decode(errors="replace")

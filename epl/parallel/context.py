@@ -73,22 +73,29 @@ class RewriteContext(object):
     # ---- communication ---------------------------------------------------------------
     def communicator(self, purpose, taskgraph):
         """The collective group over every device holding ``taskgraph``."""
-        key = (purpose, taskgraph)
-        if key not in self._communicators:
-            devices = self.plan.taskgraphs[taskgraph].all_devices
-            name = "%s/%s" % (purpose, self.plan.taskgraphs[taskgraph].name)
-            self._communicators[key] = Communicator(name, devices, self.keys)
-            self.program.groups.append((name, devices))
-        return self._communicators[key]
+        devices = self.plan.taskgraphs[taskgraph].all_devices
+        return self.group("%s/%s" % (purpose, self.plan.taskgraphs[taskgraph].name), devices)
+
+    def group(self, name, devices):
+        """The collective group ``name`` over ``devices`` (created once)."""
+        if name not in self._communicators:
+            self._communicators[name] = Communicator(name, devices, self.keys)
+            self.program.groups.append((name, tuple(devices)))
+        return self._communicators[name]
+
+    def driver_devices(self, taskgraph):
+        """One device of ``taskgraph`` per driver worker: its first local copy's."""
+        tg_plan = self.plan.taskgraphs[taskgraph]
+        return tuple(tg_plan.devices[self.plan.replicas_built_by(w)[0]][0] for w in self.drivers)
+
+    @property
+    def drivers(self):
+        """Workers that build a model replica (the others only serve devices)."""
+        return sorted(set(self.plan.constructor_of(r) for r in range(self.plan.num_replicas)))
 
     def host_communicator(self, purpose):
-        """A group with one host CPU per worker (for per-worker state like the step)."""
-        key = (purpose, None)
-        if key not in self._communicators:
-            devices = tuple(self.cluster.worker_cpu(w) for w in range(self.cluster.worker_num))
-            self._communicators[key] = Communicator(purpose, devices, self.keys)
-            self.program.groups.append((purpose, devices))
-        return self._communicators[key]
+        """A group with the host CPU of every driver worker (per-worker state: the step)."""
+        return self.group(purpose, tuple(self.cluster.worker_cpu(w) for w in self.drivers))
 
     def rewire(self, tensor, new_tensor, consumers):
         """Point ``consumers``' inputs that read ``tensor`` at ``new_tensor``."""

@@ -12,6 +12,7 @@ from epl.ir.phase import Phase
 from epl.parallel.context import RewriteContext
 from epl.parallel.passes.batch_split import BatchSplit
 from epl.parallel.passes.gradients import GradientAggregation
+from epl.parallel.passes.input_order import InputOrder
 from epl.parallel.passes.micro_batches import MicroBatchClone
 from epl.parallel.passes.outputs import MergedOutputs
 from epl.parallel.passes.pipeline import ScheduleLowering
@@ -30,6 +31,7 @@ PASSES = (
     MicroBatchClone(),
     ReplicaClone(),
     BatchSplit(),
+    InputOrder(),
     GradientAggregation(),
     SharedStepDependencies(),
     ScheduleLowering(),

@@ -1,12 +1,10 @@
 """A real `epl-launch` job (2 processes x 2 virtual devices) matches serial training."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from eplutil import make_data, serial_train
+from eplutil import make_data, run_launcher, serial_train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS, DEVICES, BATCH, STEPS = 2, 2, 4, 3
@@ -14,12 +12,11 @@ WORKERS, DEVICES, BATCH, STEPS = 2, 2, 4, 3
 
 @pytest.mark.timeout(240)
 def test_epl_launch_matches_serial(tmp_path):
-    cmd = [sys.executable, "-m", "epl.launcher", "--num_workers", str(WORKERS),
-           "--gpu_per_worker", str(DEVICES), "--log_dir", str(tmp_path / "logs"),
-           os.path.join(HERE, "scripts", "dp_train.py"), str(tmp_path), str(STEPS), str(BATCH)]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=200)
-    output = proc.stdout.decode(errors="replace")
-    assert proc.returncode == 0, output[-3000:]
+    code, output = run_launcher([
+        "--num_workers", str(WORKERS), "--gpu_per_worker", str(DEVICES),
+        "--log_dir", str(tmp_path / "logs"), os.path.join(HERE, "scripts", "dp_train.py"),
+        str(tmp_path), str(STEPS), str(BATCH)])
+    assert code == 0, output[-3000:]
     global_batch = WORKERS * DEVICES * BATCH
     x, y = make_data(global_batch * STEPS)
     _, reference = serial_train(x, y, global_batch, STEPS)

@@ -19,10 +19,9 @@ class VariableSync(Pass):
 
     def run(self, ctx):
         ops = []
-        if len(ctx.plan.taskgraphs[0].all_devices) > 1 or ctx.cluster.worker_num > 1:
-            for var_op in ctx.roles.variables:
-                ops.extend(self._broadcast_variable(ctx, var_op))
-            ops.extend(self._broadcast_step(ctx))
+        for var_op in ctx.roles.variables:
+            ops.extend(self._broadcast_variable(ctx, var_op))
+        ops.extend(self._broadcast_step(ctx))
         with tf.device(ctx.host), tf.name_scope("EPL_SYNC"):
             if ctx.epl_variables:
                 ops.append(tf.variables_initializer(ctx.epl_variables, name="init_epl_state"))
@@ -38,36 +37,40 @@ class VariableSync(Pass):
 
     @staticmethod
     def _broadcast_variable(ctx, var_op):
+        """Worker 0's copy 0 -> every driver's copy 0 (collective) -> local copies (assign).
+
+        Copies built in the same graph are plain assignments; only one device
+        per driver worker takes part in the collective broadcast.
+        """
         taskgraph = ctx.view.info(var_op).taskgraph
-        comm = ctx.communicator("broadcast", taskgraph)
-        if comm.group_size == 1:
-            return []
-        root = ctx.plan.taskgraphs[taskgraph].devices[0][0]
+        drivers = ctx.driver_devices(taskgraph)
         shape = tf_adapter.variable_shape(var_op)
-        if not shape.is_fully_defined():
-            raise ValueError("EPL needs a fully defined shape to broadcast variable %s, got %s"
-                             % (var_op.name, shape))
-        ops = []
-        for copy in range(len(ctx.copies)):
-            device = ctx.device(taskgraph, copy)
-            target = ctx.instance(var_op, copy)
-            with tf.device(device), tf.name_scope("EPL_SYNC"):
-                if device == root:
-                    ops.append(comm.broadcast_send(tf_adapter.read_variable(var_op), device,
-                                                   "var/" + var_op.name).op)
-                    continue
-                value = comm.broadcast_recv(shape, tf_adapter.variable_dtype(var_op), device,
-                                            "var/" + var_op.name)
-                ops.append(tf_adapter.assign_variable(target, value))
+        dtype = tf_adapter.variable_dtype(var_op)
+        ops, local = [], ctx.device(taskgraph, 0)
+        with tf.device(local), tf.name_scope("EPL_SYNC"):
+            source = tf_adapter.read_variable(var_op)
+            if len(drivers) > 1:
+                if not shape.is_fully_defined():
+                    raise ValueError("EPL needs a fully defined shape to broadcast variable "
+                                     "%s, got %s" % (var_op.name, shape))
+                comm = ctx.group("broadcast/%s" % ctx.plan.taskgraphs[taskgraph].name, drivers)
+                if local == drivers[0]:
+                    ops.append(comm.broadcast_send(source, local, "var/" + var_op.name).op)
+                else:
+                    source = comm.broadcast_recv(shape, dtype, local, "var/" + var_op.name)
+                    ops.append(tf_adapter.assign_variable(var_op, source))
+        for copy in range(1, len(ctx.copies)):
+            with tf.device(ctx.device(taskgraph, copy)), tf.name_scope("EPL_SYNC"):
+                ops.append(tf_adapter.assign_variable(ctx.instance(var_op, copy), source))
         return ops
 
     @staticmethod
     def _broadcast_step(ctx):
         step = tf_adapter.global_step_tensor(ctx.tf_graph)
-        if step is None or ctx.cluster.worker_num == 1:
+        if step is None or len(ctx.drivers) == 1:
             return []
         comm = ctx.host_communicator("broadcast/global_step")
-        root = ctx.cluster.worker_cpu(0)
+        root = ctx.cluster.worker_cpu(ctx.drivers[0])
         with tf.device(ctx.host), tf.name_scope("EPL_SYNC"):
             if ctx.host == root:
                 return [comm.broadcast_send(tf_adapter.read_variable(step.op), ctx.host,
