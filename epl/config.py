@@ -51,7 +51,8 @@ class Field(NamedTuple):
     """One config key. Immutable so the table cannot be changed behind the parser's back.
 
     ``choices`` are the allowed strings (matched case-insensitively, stored as spelled here);
-    ``minimum`` is the inclusive lower bound of int kinds.
+    ``minimum`` is the inclusive lower bound of int kinds; ``extension`` marks keys EPL adds
+    to the seed configuration table.
     """
 
     section: str
@@ -61,6 +62,7 @@ class Field(NamedTuple):
     choices: Tuple[str, ...] = ()
     minimum: Optional[int] = None
     doc: str = ""
+    extension: bool = False
 
     @property
     def key(self) -> str:
@@ -119,6 +121,9 @@ FIELDS = (
        doc="Communicate gradients in fp16."),
     _F("communication", "fp16_scale", Kind.POSITIVE_NUMBER, 128,
        doc="Scale applied to gradients around fp16 communication to avoid underflow."),
+    _F("communication", "timeout", Kind.POSITIVE_NUMBER, 600, extension=True,
+       doc="EPL extension: seconds a session.run with collectives may wait before EPL reports "
+           "the stuck collective group and worker and stops the process."),
     _F("communication", "clip_after_allreduce", Kind.BOOL, False,
        doc="Clip gradients after allreduce instead of before it."),
     _F("communication", "gradients_reduce_method", Kind.STR, "mean", choices=("mean", "sum"),
@@ -521,9 +526,9 @@ def markdown_table():
     rows = ["| Key | Type | Default | Allowed | Env var | Description |",
             "|---|---|---|---|---|---|"]
     for field in FIELDS:
-        rows.append("| `{}` | {} | `{!r}` | {} | `{}` | {} |".format(
-            field.key, _expected_type(field), field.default, _allowed(field),
-            field.env_var, field.doc))
+        rows.append("| `{}`{} | {} | `{!r}` | {} | `{}` | {} |".format(
+            field.key, " (EPL extension)" if field.extension else "", _expected_type(field),
+            field.default, _allowed(field), field.env_var, field.doc))
     return "\n".join(rows)
 
 

@@ -52,15 +52,20 @@ class Env(object):
         cls._local.env = None
         cls._latest = None
 
-    def get_or_create_server(self):
-        """This worker's ``tf.train.Server`` (multi-worker jobs), created once."""
+    def get_or_create_server(self, config=None):
+        """This worker's ``tf.train.Server`` (multi-worker jobs), created once.
+
+        ``config`` is the ConfigProto of the session that needs the server
+        first: a server's thread pools are fixed at creation, so a user's
+        thread limits must reach it then.
+        """
         if self.server is None:
             from epl.cluster.session_config import session_config
             tf = tf_adapter.tf
             spec = tf.train.ClusterSpec(self.cluster.cluster_spec())
             server = tf.train.Server(spec, job_name="worker",
                                      task_index=self.cluster.worker_index,
-                                     config=session_config(self.cluster), start=True)
+                                     config=session_config(self.cluster, config), start=True)
             self.server = server
         return self.server
 

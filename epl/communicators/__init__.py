@@ -40,6 +40,11 @@ class Communicator(object):
         self.group_key = keys.group_key(self.devices)
         self._keys = keys
         self.backend = backend or select_backend(self.devices)
+        self.op_names = []  # every collective op built, for diagnostics
+
+    def _record(self, tensor):
+        self.op_names.append(tensor.op.name)
+        return tensor
 
     def _instance(self, name):
         return self._keys.instance_key(self.group_key, "%s/%s" % (self.name, name))
@@ -53,26 +58,26 @@ class Communicator(object):
         """Sum (or mean) of ``tensor`` over the group, built on ``device``."""
         self._check(device)
         with tf.device(device):
-            return self.backend.all_reduce(tensor, self.group_size, self.group_key,
-                                           self._instance(name), mean)
+            return self._record(self.backend.all_reduce(tensor, self.group_size, self.group_key,
+                                                        self._instance(name), mean))
 
     def all_gather(self, tensor, device, name):
         """Concatenation along axis 0 of every member's tensor, in TF's rank order."""
         self._check(device)
         with tf.device(device):
-            return self.backend.all_gather(as_rank1(tensor), self.group_size, self.group_key,
-                                           self._instance(name))
+            return self._record(self.backend.all_gather(as_rank1(tensor), self.group_size,
+                                                        self.group_key, self._instance(name)))
 
     def broadcast_send(self, tensor, device, name):
         """Send ``tensor`` from ``device`` (the root) to every other member."""
         self._check(device)
         with tf.device(device):
-            return self.backend.broadcast_send(tensor, self.group_size, self.group_key,
-                                               self._instance(name))
+            return self._record(self.backend.broadcast_send(tensor, self.group_size,
+                                                            self.group_key, self._instance(name)))
 
     def broadcast_recv(self, shape, dtype, device, name):
         """Receive the root's tensor on ``device``."""
         self._check(device)
         with tf.device(device):
-            return self.backend.broadcast_recv(shape, dtype, self.group_size, self.group_key,
-                                               self._instance(name))
+            return self._record(self.backend.broadcast_recv(shape, dtype, self.group_size,
+                                                            self.group_key, self._instance(name)))

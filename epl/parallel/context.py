@@ -103,3 +103,23 @@ class RewriteContext(object):
             for index, value in enumerate(op.inputs):
                 if value is tensor:
                     tf_adapter.update_input(op, index, new_tensor)
+
+    def finish_program(self):
+        """Record what the session layer needs: variable copies, collectives, peers."""
+        program = self.program
+        for var_op in self.roles.variables:
+            program.variable_copies[var_op.name] = [
+                self.instance(var_op, copy) for copy in range(len(self.copies))]
+        peers = set()
+        for comm in self._communicators.values():
+            for op_name in comm.op_names:
+                program.collective_ops[op_name] = comm.name
+            peers.update(self.plan.worker_of.get(d, self.worker) for d in comm.devices)
+        for worker in self.drivers:
+            peers.add(worker)
+        program.timeout = self.config.communication.timeout
+        if self.cluster.distributed:
+            program.worker_label = "worker %d (%s)" % (self.worker,
+                                                       self.cluster.hosts[self.worker])
+            program.peer_hosts = tuple(self.cluster.hosts[w] for w in sorted(peers)
+                                       if w != self.worker)

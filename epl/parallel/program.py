@@ -23,6 +23,11 @@ class ParallelProgram(object):
         self.variable_copies = {}  # user variable op name -> [variable op of each copy]
         self.schedule = None       # the pipeline Schedule imposed, if any
         self.boundaries = []       # per copy: ({action: entrance ops}, {action: exit ops})
+        self.collective_ops = {}   # collective op name -> group name
+        self.timeout = None        # communication.timeout (seconds)
+        self.worker_label = "worker %d" % worker
+        self.peer_hosts = ()       # host:port of the other workers in our collective groups
+        self._reach_cache = {}
 
     def add_extras(self, op_name, ops):
         """Run ``ops`` whenever the user fetches the op named ``op_name``."""
@@ -44,6 +49,37 @@ class ParallelProgram(object):
         op = getattr(element, "op", element)
         substitute = self.merged.get(getattr(element, "name", None), element)
         return substitute, self.extras.get(op.name, ())
+
+    def groups_reached(self, ops):
+        """Names of the collective groups a run of ``ops`` executes (cached per fetch set)."""
+        if not self.collective_ops:
+            return ()
+        key = frozenset(op.name for op in ops)
+        if key not in self._reach_cache:
+            seen, stack, groups = set(), list(ops), set()
+            while stack:
+                op = stack.pop()
+                if op.name in seen:
+                    continue
+                seen.add(op.name)
+                if op.name in self.collective_ops:
+                    groups.add(self.collective_ops[op.name])
+                stack.extend(t.op for t in op.inputs)
+                stack.extend(op.control_inputs)
+            self._reach_cache[key] = tuple(sorted(groups))
+        return self._reach_cache[key]
+
+    def timeout_message(self, groups, elapsed):
+        devices = dict(self.groups)
+        lines = ["EPL collective timeout: a session.run on %s has waited %.0f s (limit "
+                 "communication.timeout=%s s) for collective group(s):"
+                 % (self.worker_label, elapsed, self.timeout)]
+        lines += ["  %s: %d devices (%s)" % (g, len(devices.get(g, ())),
+                                             ", ".join(devices.get(g, ()))) for g in groups]
+        lines.append("A member of a group is missing, has crashed or runs a different step. "
+                     "Stopping this worker; raise communication.timeout "
+                     "(EPL_COMMUNICATION_TIMEOUT) if steps legitimately take longer.")
+        return "\n".join(lines)
 
     def describe_groups(self):
         """One line per collective group, for error messages."""

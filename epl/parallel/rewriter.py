@@ -76,9 +76,7 @@ def parallelize(view, config, cluster):
     except Exception as err:
         view.rewrite_error = "%s: %s" % (type(err).__name__, err)
         raise
-    for var_op in ctx.roles.variables:
-        ctx.program.variable_copies[var_op.name] = [
-            ctx.instance(var_op, copy) for copy in range(len(ctx.copies))]
+    ctx.finish_program()
     view.parallel = ctx.program
     if finalized:
         tf_graph.finalize()

@@ -8,31 +8,21 @@ then exits with status 0 so launchers see a clean finish.
 """
 import logging
 import os
-import socket
 import sys
 import threading
 import time
 
+from epl.cluster.reachability import reachable, wait_until_reachable
+
 LOG = logging.getLogger("epl")
 
 
-def _reachable(host_port, timeout=1.0):
-    host, port = host_port.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def wait_for_drivers(hosts, poll=1.0, startup_timeout=600.0, reachable=_reachable):
+def wait_for_drivers(hosts, poll=1.0, startup_timeout=600.0):
     """Block until the driver workers were up and then went away."""
-    deadline = time.time() + startup_timeout
-    while not all(reachable(h) for h in hosts):
-        if time.time() > deadline:
-            raise RuntimeError("EPL serving worker: driver worker(s) %s never came up within "
-                               "%d s" % (hosts, startup_timeout))
-        time.sleep(poll)
+    missing = wait_until_reachable(hosts, startup_timeout, poll)
+    if missing:
+        raise RuntimeError("EPL serving worker: driver worker(s) %s never came up within "
+                           "%d s" % (missing, startup_timeout))
     misses = 0
     while misses < 3:
         time.sleep(poll)
@@ -40,13 +30,17 @@ def wait_for_drivers(hosts, poll=1.0, startup_timeout=600.0, reachable=_reachabl
 
 
 def serve(env, plan):
-    """Start this worker's server, serve until the drivers finish, then exit 0."""
+    """Start this worker's server, serve until the drivers finish, then exit 0.
+
+    The wait for the drivers to come up uses ``communication.timeout``.
+    """
     worker = env.cluster.worker_index
     drivers = sorted(set(plan.constructor_of(r) for r in range(plan.num_replicas)))
     env.get_or_create_server()
     LOG.warning("EPL: worker %d builds no model replica; it serves its devices to worker(s) "
                 "%s and exits when they finish", worker, drivers)
-    wait_for_drivers([env.cluster.hosts[w] for w in drivers])
+    wait_for_drivers([env.cluster.hosts[w] for w in drivers],
+                     startup_timeout=env.config.communication.timeout)
     LOG.warning("EPL: worker %d: driver worker(s) finished; exiting", worker)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -21,7 +21,9 @@ import threading
 import weakref
 
 from epl import tf_adapter
+from epl.cluster.reachability import wait_until_reachable
 from epl.cluster.session_config import session_config
+from epl.communicators.watchdog import WATCHDOG
 from epl.ir.graph import Graph
 from epl.parallel import rewriter, serving
 from epl.parallel.hooks import Patch
@@ -31,6 +33,7 @@ _SYNCED = weakref.WeakKeyDictionary()   # session -> bool (variables broadcast)
 _SYNC_LOCKS = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 _UNWRAPPED_RUN = []                      # BaseSession.run as TF defines it
+_PREFLIGHT_DONE = weakref.WeakKeyDictionary()  # program -> True once peers answered
 _CHIEF_ONLY_ARGS = ("save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps",
                     "save_summaries_secs", "chief_only_hooks")
 
@@ -75,9 +78,38 @@ def _wrap_session_init(original, provider):
         graph_ = graph if graph is not None else tf_adapter.get_default_graph()
         config = session_config(env.cluster, config, _device_filters(graph_, env))
         if env.cluster.distributed and not target:
-            target = env.get_or_create_server().target
+            target = env.get_or_create_server(config).target
         original(self, target, graph, config)
     return __init__
+
+
+def _preflight(program):
+    """Fail fast, naming them, when collective peers never come up."""
+    if not program.peer_hosts or _PREFLIGHT_DONE.get(program):
+        return
+    missing = wait_until_reachable(program.peer_hosts, program.timeout)
+    if missing:
+        raise RuntimeError(
+            "EPL: %s cannot start its collectives: worker(s) at %s did not come up within "
+            "communication.timeout=%s s. Start every worker of TF_CONFIG (epl-launch does) or "
+            "raise EPL_COMMUNICATION_TIMEOUT." % (program.worker_label, ", ".join(missing),
+                                                  program.timeout))
+    _PREFLIGHT_DONE[program] = True
+
+
+def guarded(program, ops, run_fn):
+    """Run ``run_fn()`` under the collective watchdog if ``ops`` reach collectives."""
+    groups = program.groups_reached(ops)
+    if not groups:
+        return run_fn()
+    _preflight(program)
+    with WATCHDOG.guard(program.timeout,
+                        lambda elapsed: program.timeout_message(groups, elapsed)):
+        return run_fn()
+
+
+def _ops_of(elements):
+    return [getattr(e, "op", e) for e in elements]
 
 
 def ensure_synced(session, program, run):
@@ -91,7 +123,7 @@ def ensure_synced(session, program, run):
             return
         if program.init_check is not None and not run(session, program.init_check):
             return
-        run(session, program.sync_op)
+        guarded(program, [program.sync_op], lambda: run(session, program.sync_op))
         _SYNCED[session] = True
         LOG.info("EPL synchronized replica variables with worker 0's replica 0")
 
@@ -125,7 +157,8 @@ def _wrap_session_run(original, provider):
             return original(self, fetches, feed_dict, options, run_metadata)
         ensure_synced(self, program, original)
         mapper, flat, count = _expand(self.graph, program, fetches)
-        values = original(self, flat, feed_dict, options, run_metadata)
+        values = guarded(program, _ops_of(flat),
+                         lambda: original(self, flat, feed_dict, options, run_metadata))
         return mapper.build_results(values[:count])
     return run
 
@@ -138,10 +171,12 @@ def _wrap_make_callable(original, provider):
             return original(self, fetches, feed_list, accept_options)
         mapper, flat, count = _expand(self.graph, program, fetches)
         inner = original(self, flat, feed_list, accept_options)
+        ops = _ops_of(flat)
 
         def call(*args, **kwargs):
             ensure_synced(self, program, _UNWRAPPED_RUN[0])
-            return mapper.build_results(inner(*args, **kwargs)[:count])
+            values = guarded(program, ops, lambda: inner(*args, **kwargs))
+            return mapper.build_results(values[:count])
         return call
     return make_callable
 

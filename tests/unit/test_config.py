@@ -37,6 +37,7 @@ EXPECTED_DEFAULTS = {
     "communication.max_splits": 5,
     "communication.fp16": False,
     "communication.fp16_scale": 128,
+    "communication.timeout": 600,
     "communication.clip_after_allreduce": False,
     "communication.gradients_reduce_method": "mean",
     "io.slicing": False,
@@ -45,11 +46,12 @@ EXPECTED_DEFAULTS = {
     "auto.auto_parallel": False,
 }
 KEYS = list(EXPECTED_DEFAULTS)
+EXTENSION_KEYS = ["communication.timeout"]
 BOOL_KEYS = [k for k, v in EXPECTED_DEFAULTS.items() if isinstance(v, bool)]
 COUNT_KEYS = ["pipeline.num_micro_batch", "optimizer.num_apply_group",
               "communication.num_communicators", "communication.max_splits"]
 INT_KEYS = COUNT_KEYS + ["pipeline.num_stages", "gradient_checkpoint.end_taskgraph"]
-NUMBER_KEYS = ["amp.loss_scale", "communication.fp16_scale"]
+NUMBER_KEYS = ["amp.loss_scale", "communication.fp16_scale", "communication.timeout"]
 
 # A valid, non-default value for every key, as it would appear in param_dict.
 OVERRIDES = {
@@ -73,6 +75,7 @@ OVERRIDES = {
     "communication.max_splits": 7,
     "communication.fp16": True,
     "communication.fp16_scale": 64,
+    "communication.timeout": 30,
     "communication.clip_after_allreduce": True,
     "communication.gradients_reduce_method": "sum",
     "io.slicing": True,
@@ -106,6 +109,7 @@ ENV_OVERRIDES = {
     "communication.max_splits": ("EPL_COMMUNICATION_MAX_SPLITS", "9", 9),
     "communication.fp16": ("EPL_COMMUNICATION_FP16", "true", True),
     "communication.fp16_scale": ("EPL_COMMUNICATION_FP16_SCALE", "0.5", 0.5),
+    "communication.timeout": ("EPL_COMMUNICATION_TIMEOUT", "2.5", 2.5),
     "communication.clip_after_allreduce": ("EPL_COMMUNICATION_CLIP_AFTER_ALLREDUCE", "1", True),
     "communication.gradients_reduce_method": ("EPL_COMMUNICATION_GRADIENTS_REDUCE_METHOD",
                                               "SUM", "sum"),
@@ -137,6 +141,7 @@ BAD_TYPES = {
     "communication.max_splits": ("5", "int"),
     "communication.fp16": ("yes", "bool"),
     "communication.fp16_scale": ("128", "int or float"),
+    "communication.timeout": ("600", "int or float"),
     "communication.clip_after_allreduce": (1.0, "bool"),
     "communication.gradients_reduce_method": (["mean"], "str"),
     "io.slicing": ("1", "bool"),
@@ -162,6 +167,7 @@ BAD_VALUES = {
     "communication.num_communicators": (0, ">= 1"),
     "communication.max_splits": (-5, ">= 1"),
     "communication.fp16_scale": (0, "a number > 0"),
+    "communication.timeout": (-1, "a number > 0"),
     "communication.gradients_reduce_method": ("avg", "'mean', 'sum'"),
 }
 
@@ -182,6 +188,7 @@ BAD_ENV.update({
     "communication.num_communicators": ("0", "an integer >= 1"),
     "communication.max_splits": ("many", "an integer >= 1"),
     "communication.fp16_scale": ("nan", "a number > 0"),
+    "communication.timeout": ("soon", "a number > 0"),
     "communication.gradients_reduce_method": ("max", "'mean', 'sum'"),
 })
 
@@ -200,7 +207,9 @@ def clean_env(monkeypatch):
 
 
 def test_tables_in_this_file_cover_every_key():
-    assert len(KEYS) == 26
+    # The 26 keys of the seed configuration table plus EPL's extensions.
+    assert len(KEYS) == 26 + len(EXTENSION_KEYS)
+    assert [f.key for f in FIELDS if f.extension] == EXTENSION_KEYS
     for table in (OVERRIDES, ENV_OVERRIDES, BAD_TYPES, BAD_ENV):
         assert sorted(table) == sorted(KEYS)
     assert sorted(BAD_VALUES) == sorted(set(KEYS) - set(BOOL_KEYS))

@@ -1,0 +1,54 @@
+"""No silent hangs: missing or stalled workers end in a clear error, within the timeout."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from epl.communicators.watchdog import TIMEOUT_EXIT_CODE, Watchdog
+from eplutil import free_ports, run_launcher
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "scripts", "stall_train.py")
+
+
+def test_watchdog_fires_only_for_runs_past_their_deadline():
+    fired = []
+    watchdog = Watchdog(on_timeout=fired.append, poll=0.05)
+    with watchdog.guard(5.0, lambda elapsed: "slow"):
+        pass
+    with watchdog.guard(0.2, lambda elapsed: "stuck after %.1f" % elapsed):
+        time.sleep(0.6)
+    time.sleep(0.2)
+    assert len(fired) == 1 and fired[0].startswith("stuck after")
+
+
+@pytest.mark.timeout(120)
+def test_worker_that_never_joins_is_named():
+    hosts = ["127.0.0.1:%d" % p for p in free_ports(2)]
+    env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": hosts},
+                                                 "task": {"type": "worker", "index": 0}}),
+               EPL_COMMUNICATION_TIMEOUT="4", EPL_NUM_VIRTUAL_DEVICES="1")
+    start = time.time()
+    proc = subprocess.run([sys.executable, SCRIPT, "solo"], env=env, timeout=100,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = proc.stdout.decode(errors="replace")
+    assert proc.returncode != 0
+    assert "worker(s) at %s did not come up within communication.timeout=4" % hosts[1] \
+        in output, output[-2000:]
+    assert time.time() - start < 60
+
+
+@pytest.mark.timeout(150)
+def test_stalled_collective_stops_the_job_with_the_group_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("EPL_COMMUNICATION_TIMEOUT", "5")
+    start = time.time()
+    code, output = run_launcher(["--num_workers", "2", "--gpu_per_worker", "1",
+                                 "--log_dir", str(tmp_path), SCRIPT, "stall"], timeout=120)
+    assert code == TIMEOUT_EXIT_CODE, output[-3000:]
+    assert "worker 0 failed with exit code %d" % TIMEOUT_EXIT_CODE in output
+    assert "EPL collective timeout: a session.run on worker 0 (127.0.0.1:" in output
+    assert "broadcast/taskgraph_0: 2 devices" in output or "grads/taskgraph_0" in output
+    assert time.time() - start < 90
