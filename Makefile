@@ -6,9 +6,19 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.epl-setup-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint unit clean
+WHEELS := .cache/wheels
+HOROVOD_VERSION := 0.28.1
 
-setup: $(STAMP)
+.PHONY: setup demo test lint unit clean bench-deps
+
+OPS_STAMP := epl/lib/.build-stamp
+
+setup: $(STAMP) $(OPS_STAMP)
+
+# The C++ op library (csrc/); a failed build is reported and EPL uses TF fallbacks.
+$(OPS_STAMP): $(STAMP) $(wildcard csrc/*/*.cc) tools/build_ops.sh tools/build_nccl_ops.sh
+	@bash tools/build_ops.sh $(PY)
+	@touch $(OPS_STAMP)
 
 $(STAMP): requirements-dev.txt setup.py tools/find_python.sh
 	@set -e; \
@@ -33,6 +43,20 @@ test: setup lint
 
 demo: setup
 	$(PY) examples/quick_start/run_demo.py
+
+# Benchmark-only dependency: Horovod (gloo, CPU) built once into a wheel cache, then
+# installed into .venv. Never part of `make test`.
+bench-deps: setup
+	@set -e; mkdir -p $(WHEELS); \
+	if ! ls $(WHEELS)/horovod-$(HOROVOD_VERSION)-*.whl >/dev/null 2>&1; then \
+	  echo "Building Horovod $(HOROVOD_VERSION) (about 5 minutes, once)"; \
+	  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+	  HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=gloo \
+	  $(PY) -m pip wheel --no-deps --no-build-isolation -w $(WHEELS) horovod==$(HOROVOD_VERSION); \
+	fi; \
+	$(PY) -m pip install -q --no-deps $(WHEELS)/horovod-$(HOROVOD_VERSION)-*.whl; \
+	$(PY) -m pip install -q cloudpickle psutil pyyaml packaging; \
+	$(PY) -c "import horovod.tensorflow as hvd; print('horovod', hvd.__version__ if hasattr(hvd, '__version__') else 'ok')"
 
 clean:
 	rm -rf $(VENV) build *.egg-info

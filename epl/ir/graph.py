@@ -40,6 +40,7 @@ class Graph(object):
         self.op_info = {}
         self.owner = None               # the epl.Env that created this view
         self.apply_calls = []           # one [(grad, var), ...] list per apply_gradients
+        self.raw_grads = {}             # variable op name -> gradient from tf.gradients
         self.collections = dict((key, []) for key in GraphKeys.ALL)
         self.parallel = None            # the rewrite's result, once it has run
         self.rewrite_error = None       # why the rewrite failed, if it did

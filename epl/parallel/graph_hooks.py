@@ -34,7 +34,7 @@ def _wrap_add_op(original):
     return _add_op
 
 
-def _wrap_gradients(original):
+def _wrap_gradients(original, provider):
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -45,8 +45,33 @@ def _wrap_gradients(original):
         bound = signature.bind(*args, **kwargs)
         bound.arguments["colocate_gradients_with_ops"] = True
         with view.phase_scope(Phase.BACKWARD):
-            return original(*bound.args, **bound.kwargs)
+            grads = original(*bound.args, **bound.kwargs)
+            if provider().config.communication.sparse_as_dense:
+                grads = [_densify(g) for g in grads]
+        _record_raw_gradients(view, bound.arguments["xs"], grads)
+        return grads
     return gradients_helper
+
+
+def _densify(grad):
+    """``communication.sparse_as_dense``: IndexedSlices become dense before anything else."""
+    if isinstance(grad, tf_adapter.tf.IndexedSlices):
+        return tf_adapter.tf.convert_to_tensor(grad)
+    return grad
+
+
+def _record_raw_gradients(view, xs, grads):
+    """Remember each variable's gradient as tf.gradients returned it.
+
+    ``communication.clip_after_allreduce`` reduces these (before user clipping)
+    instead of what reaches ``apply_gradients``, and fusion orders buckets by
+    when backprop produced them.
+    """
+    xs = xs if isinstance(xs, (list, tuple)) else [xs]
+    for x, grad in zip(xs, grads):
+        op = getattr(x, "op", None)
+        if op is not None and grad is not None:
+            view.raw_grads[op.name] = grad
 
 
 def _wrap_apply_gradients(original):
@@ -73,10 +98,12 @@ def _wrap_session_phase(original):
     return wrapper
 
 
-PATCHES = (
-    Patch("graph", tf_adapter.OP_CREATION, _wrap_add_op),
-    Patch("graph", tf_adapter.GRADIENTS, _wrap_gradients),
-    Patch("graph", tf_adapter.APPLY_GRADIENTS, _wrap_apply_gradients),
-    Patch("graph", tf_adapter.SAVER_INIT, _wrap_session_phase),
-    Patch("graph", tf_adapter.SCAFFOLD_FINALIZE, _wrap_session_phase),
-)
+def patches(provider):
+    """Graph-construction patches; ``provider`` returns the current epl.Env."""
+    return [
+        Patch("graph", tf_adapter.OP_CREATION, _wrap_add_op),
+        Patch("graph", tf_adapter.GRADIENTS, lambda original: _wrap_gradients(original, provider)),
+        Patch("graph", tf_adapter.APPLY_GRADIENTS, _wrap_apply_gradients),
+        Patch("graph", tf_adapter.SAVER_INIT, _wrap_session_phase),
+        Patch("graph", tf_adapter.SCAFFOLD_FINALIZE, _wrap_session_phase),
+    ]

@@ -5,4 +5,4 @@ from epl.parallel.hooks import HookRegistry
 
 def build_registry(provider):
     """Graph-construction patches plus session patches bound to ``provider``."""
-    return HookRegistry(list(graph_hooks.PATCHES) + session_hooks.patches(provider))
+    return HookRegistry(graph_hooks.patches(provider) + session_hooks.patches(provider))

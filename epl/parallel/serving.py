@@ -18,8 +18,12 @@ LOG = logging.getLogger("epl")
 
 
 def wait_for_drivers(hosts, poll=1.0, startup_timeout=600.0):
-    """Block until the driver workers were up and then went away."""
-    missing = wait_until_reachable(hosts, startup_timeout, poll)
+    """Block until the driver workers were up and then went away.
+
+    The first phase polls fast: a driver cannot run a step before our server
+    is up, but a tiny job can finish soon after, and we must see it alive once.
+    """
+    missing = wait_until_reachable(hosts, startup_timeout, poll=0.02)
     if missing:
         raise RuntimeError("EPL serving worker: driver worker(s) %s never came up within "
                            "%d s" % (missing, startup_timeout))
