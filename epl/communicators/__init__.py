@@ -1,20 +1,28 @@
 """One collective interface over pluggable backends.
 
-A :class:`Communicator` is one collective group (an ordered device list).
-Each call builds the op of ONE member on ``device``; every member must build
-the same call with the same ``name`` (which derives the instance key), and run
-it in the same step. Backends are picked from an ordered list of
-(available(devices), implementation): NCCL for all-GPU groups when its
-kernels are loaded (GPU builds), TensorFlow collective ops otherwise.
+A :class:`Communicator` is one collective group: an ordered device list, the
+same on every worker. Each call builds the op of ONE member on ``device``;
+every member must build the same call with the same ``name`` (which derives
+the instance key) and run it in the same step. Backends are picked from
+``BACKENDS``, an ordered list of classes with ``available(devices)``: NCCL for
+all-GPU groups when its kernels are loaded (GPU builds), TensorFlow
+collective ops otherwise.
+
+Backend contract (``group`` has ``devices``, ``size``, ``key``, ``rank(device)``):
+``all_reduce(t, group, device, key, mean)``, ``all_gather(t, group, device, key)``
+(concatenation along dim 0 in group order), ``broadcast_send(t, group, device,
+key)``, ``broadcast_recv(shape, dtype, group, device, key)``,
+``reduce_scatter(t, group, device, key, mean)`` (this member's slice of dim 0)
+and ``alltoall(t, group, device, key)`` (dim 0 split in group-size chunks; chunk
+j goes to member j; the result concatenates what each member sent us).
 
 Example::
 
     comm = Communicator("grads/tg0", devices, KeyRegistry())
-    with tf.device(devices[1]):
-        reduced = comm.all_reduce(grad, devices[1], "dense/kernel", mean=True)
+    reduced = comm.all_reduce(grad, devices[1], "dense/kernel", mean=True)
 """
 from epl.communicators.keys import KeyRegistry, stable_key  # noqa: F401
-from epl.communicators.tf_collective import TFCollectiveBackend, as_rank1
+from epl.communicators.tf_collective import TFCollectiveBackend, as_rank1  # noqa: F401
 from epl.tf_adapter import tf
 
 BACKENDS = [TFCollectiveBackend]
@@ -36,48 +44,54 @@ class Communicator(object):
         self.devices = tuple(devices)
         if len(set(self.devices)) != len(self.devices):
             raise ValueError("communicator %r lists a device twice: %s" % (name, self.devices))
-        self.group_size = len(self.devices)
-        self.group_key = keys.group_key(self.devices)
+        self.size = self.group_size = len(self.devices)
+        self.key = self.group_key = keys.group_key(self.devices)
         self._keys = keys
         self.backend = backend or select_backend(self.devices)
         self.op_names = []  # every collective op built, for diagnostics
 
-    def _record(self, tensor):
-        self.op_names.append(tensor.op.name)
-        return tensor
-
-    def _instance(self, name):
-        return self._keys.instance_key(self.group_key, "%s/%s" % (self.name, name))
-
-    def _check(self, device):
-        if device not in self.devices:
+    def rank(self, device):
+        """Position of ``device`` in this group's device order."""
+        try:
+            return self.devices.index(device)
+        except ValueError:
             raise ValueError("device %s is not a member of communicator %r (%s)"
                              % (device, self.name, ", ".join(self.devices)))
 
+    def _build(self, device, name, method, *args):
+        self.rank(device)
+        instance = self._keys.instance_key(self.group_key, "%s/%s" % (self.name, name))
+        with tf.device(device):
+            result = getattr(self.backend, method)(*(args[:1] + (self, device, instance)
+                                                     + args[1:]))
+        self.op_names.append(result.op.name)
+        return result
+
     def all_reduce(self, tensor, device, name, mean=True):
         """Sum (or mean) of ``tensor`` over the group, built on ``device``."""
-        self._check(device)
-        with tf.device(device):
-            return self._record(self.backend.all_reduce(tensor, self.group_size, self.group_key,
-                                                        self._instance(name), mean))
+        return self._build(device, name, "all_reduce", tensor, mean)
 
     def all_gather(self, tensor, device, name):
-        """Concatenation along axis 0 of every member's tensor, in TF's rank order."""
-        self._check(device)
-        with tf.device(device):
-            return self._record(self.backend.all_gather(as_rank1(tensor), self.group_size,
-                                                        self.group_key, self._instance(name)))
+        """Every member's tensor concatenated along dim 0, in group order."""
+        return self._build(device, name, "all_gather", tensor)
 
     def broadcast_send(self, tensor, device, name):
         """Send ``tensor`` from ``device`` (the root) to every other member."""
-        self._check(device)
-        with tf.device(device):
-            return self._record(self.backend.broadcast_send(tensor, self.group_size,
-                                                            self.group_key, self._instance(name)))
+        return self._build(device, name, "broadcast_send", tensor)
 
     def broadcast_recv(self, shape, dtype, device, name):
         """Receive the root's tensor on ``device``."""
-        self._check(device)
+        self.rank(device)
+        instance = self._keys.instance_key(self.group_key, "%s/%s" % (self.name, name))
         with tf.device(device):
-            return self._record(self.backend.broadcast_recv(shape, dtype, self.group_size,
-                                                            self.group_key, self._instance(name)))
+            result = self.backend.broadcast_recv(shape, dtype, self, device, instance)
+        self.op_names.append(result.op.name)
+        return result
+
+    def reduce_scatter(self, tensor, device, name, mean=True):
+        """This member's slice (dim 0, group order) of the reduced tensor."""
+        return self._build(device, name, "reduce_scatter", tensor, mean)
+
+    def alltoall(self, tensor, device, name):
+        """Exchange dim-0 chunks: chunk j of every member lands on member j."""
+        return self._build(device, name, "alltoall", tensor)

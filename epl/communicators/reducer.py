@@ -10,7 +10,10 @@ Example (one member, on ``device``)::
 Bucket b goes to communicator ``b % len(communicators)``: independent groups,
 so buckets need not wait for one another. With ``fp16`` each float bucket is
 multiplied by ``fp16_scale``, sent as float16 and divided again, which halves
-the bytes moved at a small precision cost.
+the bytes moved at a small precision cost. Backends without a float16
+all-reduce (TF's CPU collectives) all-gather the float16 payload, bit-cast to
+int32, and sum it locally in the bucket's own precision: the same bytes per
+worker as a float16 ring for two workers, and a more accurate sum.
 """
 from epl.communicators.fusion import pack, plan_buckets, unpack
 from epl.tf_adapter import tf
@@ -45,18 +48,38 @@ class GradientReducer(object):
         for index, bucket in enumerate(buckets):
             comm = self.communicators[index % len(self.communicators)]
             members = [tensors[i] for i in bucket]
+            name = "%s/bucket_%d" % (tag, index)
             with tf.device(device), tf.name_scope("EPL_FUSION"):
                 buffer = pack(members)
-                dtype = buffer.dtype.base_dtype
-                compress = self.fp16 and dtype in _COMPRESSIBLE
-                if compress:
-                    buffer = tf.cast(buffer * self.fp16_scale, tf.float16)
-            buffer = comm.all_reduce(buffer, device, "%s/bucket_%d" % (tag, index),
-                                     mean=self.mean)
+            if self.fp16 and buffer.dtype.base_dtype in _COMPRESSIBLE:
+                buffer = self._reduce_fp16(comm, buffer, device, name)
+            else:
+                buffer = comm.all_reduce(buffer, device, name, mean=self.mean)
             with tf.device(device), tf.name_scope("EPL_FUSION"):
-                if compress:
-                    buffer = tf.cast(buffer, dtype) / self.fp16_scale
                 parts = unpack(buffer, [t.shape for t in members])
             for i, part in zip(bucket, parts):
                 reduced[i] = part
         return reduced
+
+    def _reduce_fp16(self, comm, buffer, device, name):
+        dtype = buffer.dtype.base_dtype
+        if comm.backend.native_fp16:
+            with tf.device(device), tf.name_scope("EPL_FP16"):
+                half = tf.cast(buffer * self.fp16_scale, tf.float16)
+            half = comm.all_reduce(half, device, name, mean=self.mean)
+            with tf.device(device), tf.name_scope("EPL_FP16"):
+                return tf.cast(half, dtype) / self.fp16_scale
+        count = buffer.shape.num_elements()
+        padded = count + count % 2
+        with tf.device(device), tf.name_scope("EPL_FP16"):
+            half = tf.cast(buffer * self.fp16_scale, tf.float16)
+            if padded != count:
+                half = tf.concat([half, tf.zeros([1], tf.float16)], 0)
+            words = tf.bitcast(tf.reshape(half, [padded // 2, 2]), tf.int32)
+        gathered = comm.all_gather(words, device, name)
+        with tf.device(device), tf.name_scope("EPL_FP16"):
+            halves = tf.reshape(tf.bitcast(gathered, tf.float16), [comm.group_size, padded])
+            total = tf.reduce_sum(tf.cast(halves, dtype), axis=0)[:count]
+            if self.mean:
+                total = total / comm.group_size
+            return total / self.fp16_scale
