@@ -120,6 +120,10 @@ def init(config=None, cluster=None):
     env = Env(config, cluster)
     Env._activate(env)
     _hooks().install()
+    # Register EPL's kernels in every process: a serving worker runs ops (ring
+    # collectives, fused buffers) that another worker's graph placed on it.
+    from epl.communicators import library
+    library.load()
     LOG.info("EPL initialized: %r", cluster)
     return env
 

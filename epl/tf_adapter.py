@@ -125,6 +125,12 @@ def switch(tensor, pred):
     return _control_flow_ops.switch(tensor, pred)
 
 
+def control_flow_context(graph=None):
+    """The while/cond context new ops of ``graph`` are created in (None outside)."""
+    graph = graph if graph is not None else _ops.get_default_graph()
+    return graph._get_control_flow_context()  # pylint: disable=protected-access
+
+
 def get_default_graph():
     return _ops.get_default_graph()
 

@@ -12,6 +12,8 @@ def _epl_clean_state(monkeypatch):
     for name in list(os.environ):
         if name.startswith("EPL_") or name == "TF_CONFIG":
             monkeypatch.delenv(name, raising=False)
+    # A hang in a test should fail well inside pytest-timeout's limit.
+    monkeypatch.setenv("EPL_COMMUNICATION_TIMEOUT", "90")
     yield
     import sys
     if "epl.env" in sys.modules:

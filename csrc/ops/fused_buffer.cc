@@ -3,7 +3,9 @@
 // Gradient fusion all-reduces a few large buffers instead of many small tensors.
 // The pure-TensorFlow path builds one Reshape per tensor plus a ConcatV2 (and a
 // Split plus one Reshape per tensor to unpack); these ops do each direction in a
-// single kernel with one memcpy per tensor. Results are bit-identical.
+// single kernel. Pack makes one memcpy per tensor; unpack returns views into the
+// buffer where they are suitably aligned (as TF's Split does) and copies the
+// rest. Results are bit-identical.
 #include <cstring>
 #include <vector>
 
@@ -114,15 +116,27 @@ class UnpackOp : public OpKernel {
     OP_REQUIRES(ctx, total == packed.NumElements(),
                 InvalidArgument("EplUnpack: shapes hold ", total, " elements but the buffer has ",
                                 packed.NumElements()));
-    OpOutputList outputs;
-    OP_REQUIRES_OK(ctx, ctx->output_list("outputs", &outputs));
-    const char* src = packed.tensor_data().data();
+    const size_t element = packed.NumElements() > 0 ? packed.TotalBytes() / packed.NumElements()
+                                                    : 1;
+    const char* base = packed.tensor_data().data();
+    tensorflow::int64 start = 0;
     for (size_t i = 0; i < shapes_.size(); ++i) {
-      Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, outputs.allocate(static_cast<int>(i), shapes_[i], &out));
-      const auto bytes = out->tensor_data();
-      if (bytes.size() > 0) std::memcpy(const_cast<char*>(bytes.data()), src, bytes.size());
-      src += bytes.size();
+      const tensorflow::int64 count = shapes_[i].num_elements();
+      const bool aligned =
+          reinterpret_cast<uintptr_t>(base + start * element) % EIGEN_MAX_ALIGN_BYTES == 0;
+      if (aligned && count > 0) {  // share the buffer: no copy
+        Tensor view;
+        OP_REQUIRES(ctx, view.CopyFrom(packed.Slice(start, start + count), shapes_[i]),
+                    InvalidArgument("EplUnpack: cannot view slice ", i));
+        ctx->set_output(static_cast<int>(i), view);
+      } else {
+        Tensor* out = nullptr;
+        OP_REQUIRES_OK(ctx, ctx->allocate_output(static_cast<int>(i), shapes_[i], &out));
+        if (count > 0)
+          std::memcpy(const_cast<char*>(out->tensor_data().data()), base + start * element,
+                      count * element);
+      }
+      start += count;
     }
   }
 

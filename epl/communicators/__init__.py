@@ -22,24 +22,30 @@ Example::
     reduced = comm.all_reduce(grad, devices[1], "dense/kernel", mean=True)
 """
 from epl.communicators.keys import KeyRegistry, stable_key  # noqa: F401
+from epl.communicators.nccl import NcclBackend
+from epl.communicators.ring import RingBackend
 from epl.communicators.tf_collective import TFCollectiveBackend, as_rank1  # noqa: F401
 from epl.tf_adapter import tf
 
-BACKENDS = [TFCollectiveBackend]
+BACKENDS = [NcclBackend, RingBackend, TFCollectiveBackend]
 
 
-def select_backend(devices, backends=None):
-    """First backend whose ``available(devices)`` holds."""
+def select_backend(devices, context=None, backends=None):
+    """First backend whose ``available(devices, context)`` holds.
+
+    ``context`` carries job facts some backends need: ``hosts`` (the address
+    of each worker, by task index) and ``timeout`` (seconds).
+    """
     for backend in backends or BACKENDS:
-        if backend.available(devices):
-            return backend()
+        if backend.available(devices, context):
+            return backend(context) if backend.needs_context else backend()
     raise RuntimeError("no collective backend can serve devices %s" % (devices,))
 
 
 class Communicator(object):
     """A collective group over ``devices`` (global order, identical on all workers)."""
 
-    def __init__(self, name, devices, keys, backend=None):
+    def __init__(self, name, devices, keys, backend=None, context=None):
         self.name = name
         self.devices = tuple(devices)
         if len(set(self.devices)) != len(self.devices):
@@ -47,8 +53,13 @@ class Communicator(object):
         self.size = self.group_size = len(self.devices)
         self.key = self.group_key = keys.group_key(self.devices)
         self._keys = keys
-        self.backend = backend or select_backend(self.devices)
+        self.backend = backend or select_backend(self.devices, context)
         self.op_names = []  # every collective op built, for diagnostics
+
+    def setup_ops(self):
+        """Ops to run once before the first step (backend connection setup)."""
+        setup = getattr(self.backend, "setup_ops", None)
+        return setup(self) if setup is not None else []
 
     def rank(self, device):
         """Position of ``device`` in this group's device order."""

@@ -1,15 +1,19 @@
-"""Loads EPL's C++ op library (``epl/lib/libepl_ops.so``) when it was built.
+"""Loads EPL's C++ op libraries (``epl/lib/``) when they were built.
 
-``make setup`` builds it from ``csrc/``; without it every op has a pure
-TensorFlow fallback, so EPL works either way. ``EPL_DISABLE_OP_LIBRARY=1``
-forces the fallbacks (tests compare both paths).
+``make setup`` builds ``libepl_ops.so`` from ``csrc/ops`` (CPU kernels, plus the
+NCCL op definitions so NCCL graphs can be built anywhere) and, where CUDA and
+NCCL headers exist, ``libepl_nccl_ops.so`` from ``csrc/nccl`` (GPU kernels
+only). Without them every op has a pure TensorFlow fallback and GPU groups use
+TF's collectives, so EPL works either way. ``EPL_DISABLE_OP_LIBRARY=1`` forces
+the fallbacks for both (tests compare both paths).
 """
 import logging
 import os
 
 LOG = logging.getLogger("epl")
-LIBRARY_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib",
-                            "libepl_ops.so")
+LIB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib")
+LIBRARY_PATH = os.path.join(LIB_DIR, "libepl_ops.so")
+NCCL_LIBRARY_PATH = os.path.join(LIB_DIR, "libepl_nccl_ops.so")
 _STATE = {}
 
 
@@ -32,4 +36,36 @@ def _load():
     except Exception as err:  # a stale or ABI-mismatched build must not break EPL
         LOG.warning("EPL op library %s failed to load (%s); using TensorFlow fallbacks",
                     LIBRARY_PATH, err)
+        return None
+
+
+def load_nccl():
+    """The loaded NCCL kernel library, or None (not built, disabled, or failed to load).
+
+    Its kernels belong to op definitions in ``libepl_ops.so``, so that one is
+    loaded first; without it the NCCL library is not loaded at all.
+    """
+    if load() is None:
+        return None
+    if "nccl" not in _STATE:
+        _STATE["nccl"] = _load_nccl()
+    return _STATE["nccl"]
+
+
+def nccl_kernels_loaded():
+    """True when EPL's NCCL GPU kernels are registered in this process."""
+    return load_nccl() is not None
+
+
+def _load_nccl():
+    if not os.path.exists(NCCL_LIBRARY_PATH):
+        LOG.debug("EPL NCCL kernels not built (%s); GPU groups use TF collectives",
+                  NCCL_LIBRARY_PATH)
+        return None
+    from epl.tf_adapter import tf
+    try:
+        return tf.load_op_library(NCCL_LIBRARY_PATH)
+    except Exception as err:  # e.g. libnccl or CUDA missing at run time: keep EPL working
+        LOG.warning("EPL NCCL kernels %s failed to load (%s); GPU groups use TF collectives",
+                    NCCL_LIBRARY_PATH, err)
         return None

@@ -42,10 +42,11 @@ class TFCollectiveBackend(object):
     name = "tf_collective"
     # TF 1.15's CPU collectives reject DT_HALF ("does not support datatype 19").
     native_fp16 = False
+    needs_context = False
 
     @staticmethod
-    def available(devices):
-        del devices
+    def available(devices, context=None):
+        del devices, context
         return True
 
     def all_reduce(self, tensor, group, device, instance_key, mean):

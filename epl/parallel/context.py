@@ -79,9 +79,21 @@ class RewriteContext(object):
     def group(self, name, devices):
         """The collective group ``name`` over ``devices`` (created once)."""
         if name not in self._communicators:
-            self._communicators[name] = Communicator(name, devices, self.keys)
+            self._communicators[name] = Communicator(name, devices, self.keys,
+                                                     context=self._backend_context())
             self.program.groups.append((name, tuple(devices)))
         return self._communicators[name]
+
+    def _backend_context(self):
+        """Job facts for collective backends: worker addresses and the timeout."""
+        if self.cluster.distributed:
+            hosts = [h.rsplit(":", 1)[0] for h in self.cluster.hosts]
+        else:
+            hosts = ["127.0.0.1"]
+        return {"hosts": hosts, "timeout": self.config.communication.timeout}
+
+    def communicators(self):
+        return list(self._communicators.values())
 
     def driver_devices(self, taskgraph):
         """One device of ``taskgraph`` per driver worker: its first local copy's."""

@@ -22,6 +22,8 @@ class VariableSync(Pass):
         for var_op in ctx.roles.variables:
             ops.extend(self._broadcast_variable(ctx, var_op))
         ops.extend(self._broadcast_step(ctx))
+        for comm in ctx.communicators():
+            ops.extend(comm.setup_ops())
         with tf.device(ctx.host), tf.name_scope("EPL_SYNC"):
             if ctx.epl_variables:
                 ops.append(tf.variables_initializer(ctx.epl_variables, name="init_epl_state"))

@@ -1,0 +1,291 @@
+// EPL ring transport: sockets, connection setup and the full-duplex exchange loop.
+#include "ring_transport.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <thread>
+
+namespace epl {
+namespace ring {
+namespace {
+
+const uint64_t kMagic = 0x45504c52494e4731ULL;  // "EPLRING1"
+const int kSocketBuffer = 4 << 20;
+
+double Now() {
+  using Clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+std::string Errno(const std::string& what) {
+  return what + ": " + std::strerror(errno);
+}
+
+void Tune(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &kSocketBuffer, sizeof(kSocketBuffer));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &kSocketBuffer, sizeof(kSocketBuffer));
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
+}
+
+void CloseFd(int* fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
+}
+
+// Blocking-with-deadline transfer of a small buffer (handshakes).
+Result SendAll(int fd, const char* data, size_t bytes, double deadline) {
+  size_t done = 0;
+  while (done < bytes) {
+    ssize_t n = send(fd, data + done, bytes - done, MSG_NOSIGNAL);
+    if (n > 0) { done += n; continue; }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      return Result::Fail(Errno("send"));
+    pollfd p{fd, POLLOUT, 0};
+    int wait_ms = static_cast<int>((deadline - Now()) * 1000);
+    if (wait_ms <= 0 || poll(&p, 1, wait_ms) == 0) return Result::Fail("send timed out");
+  }
+  return Result::Ok();
+}
+
+Result RecvAll(int fd, char* data, size_t bytes, double deadline) {
+  size_t done = 0;
+  while (done < bytes) {
+    ssize_t n = recv(fd, data + done, bytes - done, 0);
+    if (n > 0) { done += n; continue; }
+    if (n == 0) return Result::Fail("peer closed the connection");
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      return Result::Fail(Errno("recv"));
+    pollfd p{fd, POLLIN, 0};
+    int wait_ms = static_cast<int>((deadline - Now()) * 1000);
+    if (wait_ms <= 0 || poll(&p, 1, wait_ms) == 0) return Result::Fail("recv timed out");
+  }
+  return Result::Ok();
+}
+
+struct Hello {
+  uint64_t magic;
+  uint64_t communicator_hash;
+  uint64_t rank;
+};
+
+uint64_t Hash(const std::string& text) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+}  // namespace
+
+Member::Member(const std::string& communicator, int rank, int size)
+    : communicator_(communicator), rank_(rank), size_(size) {}
+
+Member::~Member() {
+  CloseRing();
+  CloseFd(&listen_fd_);
+}
+
+std::string Member::PeerName(int peer) const {
+  std::ostringstream out;
+  out << "rank " << peer;
+  if (peer >= 0 && peer < static_cast<int>(hosts_.size()) &&
+      peer < static_cast<int>(ports_.size()))
+    out << " (" << hosts_[peer] << ":" << ports_[peer] << ")";
+  return out.str();
+}
+
+void Member::CloseRing() {
+  CloseFd(&next_fd_);
+  CloseFd(&prev_fd_);
+}
+
+Result Member::Listen(int* port) {
+  std::lock_guard<std::mutex> lock(setup_mu_);
+  if (listen_fd_ < 0) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return Result::Fail(Errno("socket"));
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_port = 0;
+    socklen_t len = sizeof(addr);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(fd, 16) != 0 || getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      Result r = Result::Fail(Errno("bind/listen"));
+      close(fd);
+      return r;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
+    listen_fd_ = fd;
+    listen_port_ = ntohs(addr.sin_port);
+  }
+  *port = listen_port_;
+  return Result::Ok();
+}
+
+Result Member::ConnectNext(const std::string& host, int port, double timeout) {
+  double deadline = Now() + timeout;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* info = nullptr;
+  std::string service = std::to_string(port);
+  if (getaddrinfo(host.c_str(), service.c_str(), &hints, &info) != 0 || info == nullptr)
+    return Result::Fail("cannot resolve " + host);
+  Result result = Result::Fail("connect timed out");
+  while (Now() < deadline) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd >= 0 && connect(fd, info->ai_addr, info->ai_addrlen) == 0) {
+      Tune(fd);
+      Hello hello{kMagic, Hash(communicator_), static_cast<uint64_t>(rank_)};
+      result = SendAll(fd, reinterpret_cast<const char*>(&hello), sizeof(hello), deadline);
+      if (result.ok()) {
+        next_fd_ = fd;
+        break;
+      }
+    }
+    if (fd >= 0) close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  freeaddrinfo(info);
+  return result;
+}
+
+Result Member::AcceptPrev(double timeout) {
+  double deadline = Now() + timeout;
+  int expected = (rank_ + size_ - 1) % size_;
+  while (Now() < deadline) {
+    pollfd p{listen_fd_, POLLIN, 0};
+    int wait_ms = static_cast<int>((deadline - Now()) * 1000);
+    if (wait_ms <= 0 || poll(&p, 1, wait_ms) <= 0) break;
+    int fd = accept(listen_fd_, nullptr, nullptr);
+    if (fd < 0) continue;
+    Tune(fd);
+    Hello hello{};
+    Result r = RecvAll(fd, reinterpret_cast<char*>(&hello), sizeof(hello), deadline);
+    if (r.ok() && hello.magic == kMagic && hello.communicator_hash == Hash(communicator_) &&
+        hello.rank == static_cast<uint64_t>(expected)) {
+      prev_fd_ = fd;
+      return Result::Ok();
+    }
+    close(fd);  // a stale or foreign connection: keep waiting for the right peer
+  }
+  return Result::Fail("no connection from " + PeerName(expected) + " within the timeout");
+}
+
+Result Member::Connect(const std::vector<int>& ports, const std::vector<std::string>& hosts,
+                       double timeout) {
+  std::lock_guard<std::mutex> lock(setup_mu_);
+  if (size_ == 1) return Result::Ok();
+  if (connected() && ports == ports_ && hosts == hosts_) return Result::Ok();
+  if (listen_fd_ < 0) return Result::Fail("Listen must run before Connect");
+  CloseRing();
+  ports_ = ports;
+  hosts_ = hosts;
+  int next = (rank_ + 1) % size_;
+  // Connect in a helper thread while this one accepts: with two members each is
+  // the other's successor and predecessor, and neither call may wait for the other.
+  Result connect_result;
+  std::thread connector([&]() { connect_result = ConnectNext(hosts[next], ports[next], timeout); });
+  Result accept_result = AcceptPrev(timeout);
+  connector.join();
+  if (!connect_result.ok()) {
+    CloseRing();
+    return Result::Fail("connecting to " + PeerName(next) + ": " + connect_result.error);
+  }
+  if (!accept_result.ok()) {
+    CloseRing();
+    return accept_result;
+  }
+  return Result::Ok();
+}
+
+Result Member::Exchange(uint64_t instance, uint64_t step, const char* send_data,
+                        size_t send_bytes, char* recv_data, size_t recv_bytes,
+                        double timeout) {
+  if (!connected()) return Result::Fail("ring not connected (the setup op did not run)");
+  Header out{kMagic, instance, step, send_bytes};
+  Header in{};
+  const char* out_parts[2] = {reinterpret_cast<const char*>(&out), send_data};
+  size_t out_sizes[2] = {sizeof(out), send_bytes};
+  char* in_parts[2] = {reinterpret_cast<char*>(&in), recv_data};
+  size_t in_sizes[2] = {sizeof(in), recv_bytes};
+  int out_part = 0, in_part = 0;
+  size_t out_done = 0, in_done = 0;
+  double last_progress = Now();
+  while (out_part < 2 || in_part < 2) {
+    pollfd fds[2] = {{next_fd_, static_cast<short>(out_part < 2 ? POLLOUT : 0), 0},
+                     {prev_fd_, static_cast<short>(in_part < 2 ? POLLIN : 0), 0}};
+    int ready = poll(fds, 2, 200);
+    if (ready < 0 && errno != EINTR) return Result::Fail(Errno("poll"));
+    bool progress = false;
+    if (out_part < 2 && (fds[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
+      ssize_t n = send(next_fd_, out_parts[out_part] + out_done, out_sizes[out_part] - out_done,
+                       MSG_NOSIGNAL);
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        return Result::Fail(Errno("send to " + PeerName((rank_ + 1) % size_)));
+      if (n > 0) { out_done += n; progress = true; }
+      while (out_part < 2 && out_done == out_sizes[out_part]) { ++out_part; out_done = 0; }
+    }
+    if (in_part < 2 && (fds[1].revents & (POLLIN | POLLERR | POLLHUP))) {
+      ssize_t n = recv(prev_fd_, in_parts[in_part] + in_done, in_sizes[in_part] - in_done, 0);
+      int prev = (rank_ + size_ - 1) % size_;
+      if (n == 0) return Result::Fail(PeerName(prev) + " closed the connection");
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        return Result::Fail(Errno("recv from " + PeerName(prev)));
+      if (n > 0) { in_done += n; progress = true; }
+      while (in_part < 2 && in_done == in_sizes[in_part]) {
+        if (in_part == 0 && (in.magic != kMagic || in.instance != instance || in.step != step ||
+                             in.bytes != recv_bytes)) {
+          std::ostringstream msg;
+          msg << PeerName(prev) << " is running a different collective (instance " << in.instance
+              << " step " << in.step << ", " << in.bytes << " bytes) than this member (instance "
+              << instance << " step " << step << ", " << recv_bytes << " bytes)";
+          return Result::Fail(msg.str());
+        }
+        ++in_part;
+        in_done = 0;
+      }
+    }
+    if (progress) {
+      last_progress = Now();
+    } else if (Now() - last_progress > timeout) {
+      std::ostringstream msg;
+      msg << "no progress for " << timeout << " s exchanging with "
+          << PeerName((rank_ + 1) % size_) << " / " << PeerName((rank_ + size_ - 1) % size_);
+      return Result::Fail(msg.str());
+    }
+  }
+  return Result::Ok();
+}
+
+std::shared_ptr<Member> GetMember(const std::string& communicator, int rank, int size) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<Member>>* members =
+      new std::map<std::string, std::shared_ptr<Member>>();
+  std::lock_guard<std::mutex> lock(mu);
+  std::string key = communicator + "#" + std::to_string(rank) + "/" + std::to_string(size);
+  auto it = members->find(key);
+  if (it != members->end()) return it->second;
+  auto member = std::make_shared<Member>(communicator, rank, size);
+  (*members)[key] = member;
+  return member;
+}
+
+}  // namespace ring
+}  // namespace epl

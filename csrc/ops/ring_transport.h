@@ -1,0 +1,89 @@
+// EPL ring transport: TCP connections between the members of one collective group.
+//
+// Each member (a device taking part in a group) listens on an ephemeral port,
+// connects to its successor in the ring and accepts its predecessor. Data moves
+// with a poll()-driven full-duplex loop, so a member sends to its successor and
+// receives from its predecessor at the same time without extra threads, and a
+// peer that stops responding turns into an error after `timeout` seconds
+// instead of a hang.
+#ifndef EPL_CSRC_OPS_RING_TRANSPORT_H_
+#define EPL_CSRC_OPS_RING_TRANSPORT_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace epl {
+namespace ring {
+
+// Result of a transport call: empty message means success.
+struct Result {
+  std::string error;
+  bool ok() const { return error.empty(); }
+  static Result Ok() { return Result(); }
+  static Result Fail(const std::string& message) {
+    Result r;
+    r.error = message;
+    return r;
+  }
+};
+
+// Header sent before every payload so that members that disagree on which
+// collective runs next fail loudly instead of exchanging the wrong bytes.
+struct Header {
+  uint64_t magic;
+  uint64_t instance;
+  uint64_t step;
+  uint64_t bytes;
+};
+
+class Member {
+ public:
+  Member(const std::string& communicator, int rank, int size);
+  ~Member();
+
+  // Binds 0.0.0.0:0 (once) and returns the port to publish to the other members.
+  Result Listen(int* port);
+  // Connects to the successor and accepts the predecessor. Idempotent for the
+  // same ports; reconnects if the published ports changed.
+  Result Connect(const std::vector<int>& ports, const std::vector<std::string>& hosts,
+                 double timeout);
+  // Sends `send_bytes` to the successor while receiving `recv_bytes` from the
+  // predecessor; both framed with a Header checked against (instance, step).
+  Result Exchange(uint64_t instance, uint64_t step, const char* send, size_t send_bytes,
+                  char* recv, size_t recv_bytes, double timeout);
+
+  bool connected() const { return next_fd_ >= 0 && prev_fd_ >= 0; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& communicator() const { return communicator_; }
+  std::mutex& mutex() { return run_mu_; }
+  std::string PeerName(int peer) const;
+
+ private:
+  void CloseRing();
+  Result ConnectNext(const std::string& host, int port, double timeout);
+  Result AcceptPrev(double timeout);
+
+  std::string communicator_;
+  int rank_;
+  int size_;
+  int listen_fd_ = -1;
+  int listen_port_ = 0;
+  int next_fd_ = -1;
+  int prev_fd_ = -1;
+  std::vector<int> ports_;
+  std::vector<std::string> hosts_;
+  std::mutex setup_mu_;
+  std::mutex run_mu_;
+};
+
+// Process-wide registry: one Member per (communicator, rank).
+std::shared_ptr<Member> GetMember(const std::string& communicator, int rank, int size);
+
+}  // namespace ring
+}  // namespace epl
+
+#endif  // EPL_CSRC_OPS_RING_TRANSPORT_H_
