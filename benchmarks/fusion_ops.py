@@ -61,7 +61,7 @@ def _time(count, size, fused, repeats):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=common.positive_int, default=200)
+    parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--out", default=os.path.join(common.HERE, "results"))
     args = parser.parse_args(argv)
     from epl.communicators import library
