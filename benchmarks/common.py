@@ -14,8 +14,10 @@ failure is diagnosable:
 This module never imports TensorFlow: the driver stays fast to start, and the
 worker side (``bench_line``, ``install_deadline``) is importable from workers.
 """
+import argparse
 import collections
 import datetime
+import faulthandler
 import json
 import os
 import platform
@@ -34,6 +36,10 @@ REPO = os.path.dirname(HERE)
 BENCH_TAG = "BENCH"
 # Launcher output: "[worker i] text". Worker lines are parsed from this stream.
 WORKER_LINE = re.compile(r"^\[worker (\d+)\] (.*)$")
+# horovodrun output: "[rank]<stdout>:text" (optionally preceded by a timestamp).
+HOROVOD_LINE = re.compile(r"^[^\[]*\[(\d+)\]<std(?:out|err)>:(.*)$")
+# A single process started directly: every line is its own, worker index 0.
+SINGLE_LINE = re.compile(r"^()(.*)$")
 # After SIGTERM the launcher needs up to its own 10 s grace period to stop workers.
 LAUNCHER_GRACE = 15.0
 
@@ -43,8 +49,23 @@ LaunchResult.__doc__ = """Outcome of one launcher run. ``lines`` is the launcher
 merged stdout/stderr (worker lines carry the ``[worker i]`` prefix)."""
 
 
+# Other processes using more CPUs than this while a run is timed make its row unreliable.
+DISTURBED_CPUS = 0.25
+# Exit code of a worker ended by install_deadline (and of EPL's collective watchdog).
+HUNG_EXIT = 124
+
+
 class BenchmarkError(RuntimeError):
     """A run failed; the message already contains the diagnostics to show."""
+
+
+class JobHung(BenchmarkError):
+    """A job hit its deadline (e.g. a collective that never completed); ``stacks``
+    holds each worker's innermost main-thread frames at the deadline."""
+
+    def __init__(self, report, stacks):
+        BenchmarkError.__init__(self, report)
+        self.stacks = stacks
 
 
 # ----------------------------------------------------------------------------
@@ -66,9 +87,17 @@ def install_deadline(seconds, what="benchmark worker"):
     in a collective waiting for a peer never fails by itself, and if the
     launcher is killed the workers (in their own sessions) are orphaned. A
     daemon timer with ``os._exit`` guarantees the process ends regardless of
-    what TensorFlow's threads are doing."""
+    what TensorFlow's threads are doing. Before exiting it writes every Python
+    thread's stack to stderr (the worker log): the main thread's stack shows
+    where the worker was stuck (session creation, variable sync, a step)."""
     def expire():
-        sys.stderr.write("%s: deadline of %.0f s exceeded, exiting\n" % (what, seconds))
+        sys.stderr.write("%s: deadline of %.0f s exceeded; Python stacks follow, then exit\n"
+                         % (what, seconds))
+        sys.stderr.flush()
+        try:
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        except (OSError, ValueError, RuntimeError):
+            pass
         sys.stderr.flush()
         os._exit(124)
     timer = threading.Timer(seconds, expire)
@@ -105,30 +134,85 @@ def machine_busy_seconds():
     return busy / float(os.sysconf("SC_CLK_TCK"))
 
 
+def timed_windows(run_step, warmup, repeats, steps):
+    """Call ``run_step()`` ``warmup`` times untimed, then time ``repeats`` windows
+    of ``steps`` calls each.
+
+    Shared by workers that must be timed identically (plain TF, Horovod), so
+    a difference in their numbers can only come from the training step.
+    Returns the window lengths (s), the warm-up time, this process's CPU time
+    over wall time during the windows (about 1 per busy thread) and the whole
+    machine's busy CPUs meanwhile (None off Linux)."""
+    first = time.perf_counter()
+    for _ in range(warmup):
+        run_step()
+    warmup_seconds = time.perf_counter() - first
+    windows = []
+    busy0 = machine_busy_seconds()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            run_step()
+        windows.append(time.perf_counter() - start)
+    elapsed = time.perf_counter() - wall0
+    busy1 = machine_busy_seconds()
+    return {"window_seconds": windows, "warmup_seconds": warmup_seconds,
+            "cpu_per_wall": (time.process_time() - cpu0) / elapsed,
+            "machine_busy_cpus": None if busy0 is None or busy1 is None
+            else (busy1 - busy0) / elapsed}
+
+
+def window_rates(windows, global_batch, steps):
+    """Median window, step time and samples/s (median, min, max) of timed windows;
+    the field names match dp_worker.py's BENCH payload."""
+    ordered = sorted(windows)
+    middle = len(ordered) // 2
+    seconds = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return {"seconds": seconds, "step_ms": 1000.0 * seconds / steps,
+            "samples_per_sec": global_batch * steps / seconds,
+            "samples_per_sec_min": global_batch * steps / ordered[-1],
+            "samples_per_sec_max": global_batch * steps / ordered[0]}
+
+
 # ----------------------------------------------------------------------------
 # Driver side
 # ----------------------------------------------------------------------------
 
 def launch(script, script_args, num_workers, gpu_per_worker, timeout, log_dir=None,
-           extra_env=None, echo=None):
+           extra_env=None, echo=None, drop_env=()):
     """Run ``python -m epl.launcher`` with a hard ``timeout`` (seconds).
 
-    Output is read line by line in a thread (so a chatty job cannot fill the
-    pipe) and optionally passed to ``echo(line)``. On timeout the launcher gets
-    SIGTERM, which makes it stop its workers; if it is still alive after its
-    grace period it is killed. Returns a LaunchResult; never raises for a
-    failed job, so callers decide how to report it."""
+    The job's worker logs go to ``log_dir`` (a new temporary directory by
+    default); everything else is ``run_command``. Returns a LaunchResult;
+    never raises for a failed job, so callers decide how to report it."""
     if log_dir is None:
         log_dir = tempfile.mkdtemp(prefix="epl_bench_")
     argv = [sys.executable, "-m", "epl.launcher", "--num_workers", str(num_workers),
             "--gpu_per_worker", str(gpu_per_worker), "--log_dir", log_dir, script]
     argv += [str(a) for a in script_args]
-    env = dict(os.environ)
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
+    env.update(extra_env or {})
+    return run_command(argv, timeout, extra_env=env, echo=echo, log_dir=log_dir,
+                       drop_env=drop_env)
+
+
+def run_command(argv, timeout, extra_env=None, echo=None, log_dir=None, drop_env=()):
+    """Run any job command (the EPL launcher, ``horovodrun``, one plain process)
+    with a hard ``timeout`` (seconds).
+
+    Output is read line by line in a thread (so a chatty job cannot fill the
+    pipe) and optionally passed to ``echo(line)``. On timeout the command gets
+    SIGTERM (the EPL launcher and horovodrun both stop their workers on it);
+    if it is still alive after LAUNCHER_GRACE seconds it is killed.
+    ``drop_env`` names environment variables removed before ``extra_env`` is
+    applied, e.g. stray ``EPL_*`` settings that would change a baseline."""
+    argv = [str(a) for a in argv]
+    env = dict((k, v) for k, v in os.environ.items() if k not in drop_env)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
     env.update(extra_env or {})
     start = time.monotonic()
-    # Own session: our Ctrl-C handling stays ours, and the launcher is signalled alone.
+    # Own session: our Ctrl-C handling stays ours, and the job is signalled alone.
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             universal_newlines=True, errors="replace", start_new_session=True)
@@ -171,30 +255,33 @@ def _stop(proc):
 
 def discard_logs(result):
     """Delete a successful run's temporary log directory (failed runs keep theirs,
-    and the failure report names it)."""
-    if os.path.basename(result.log_dir).startswith("epl_bench_"):
+    and the failure report names it). Runs without a log directory are a no-op."""
+    if result.log_dir and os.path.basename(result.log_dir).startswith("epl_bench_"):
         shutil.rmtree(result.log_dir, ignore_errors=True)
 
 
-def worker_lines(lines, worker):
-    """Lines written by one worker, without the launcher's prefix."""
+def worker_lines(lines, worker, pattern=WORKER_LINE):
+    """Lines written by one worker, without the launcher's (``pattern``'s) prefix."""
     result = []
     for line in lines:
-        match = WORKER_LINE.match(line)
-        if match and int(match.group(1)) == worker:
+        match = pattern.match(line)
+        if match and int(match.group(1) or 0) == worker:
             result.append(match.group(2))
     return result
 
 
-def parse_bench(lines):
-    """``{worker index: payload}`` from the ``BENCH {json}`` lines of a launcher run."""
+def parse_bench(lines, pattern=WORKER_LINE):
+    """``{worker index: payload}`` from the ``BENCH {json}`` lines of a run.
+
+    ``pattern`` splits a line into (worker index, text): WORKER_LINE for the
+    EPL launcher, HOROVOD_LINE for horovodrun, SINGLE_LINE for one process."""
     found = {}
     for line in lines:
-        match = WORKER_LINE.match(line)
+        match = pattern.match(line)
         if not match or not match.group(2).startswith(BENCH_TAG + " "):
             continue
         try:
-            found[int(match.group(1))] = json.loads(match.group(2)[len(BENCH_TAG) + 1:])
+            found[int(match.group(1) or 0)] = json.loads(match.group(2)[len(BENCH_TAG) + 1:])
         except ValueError:
             continue  # a truncated line; reported as missing by the caller
     return found
@@ -209,10 +296,12 @@ def log_tail(path, count):
         return []
 
 
-def failure_report(result, what, num_workers, tail=25):
+def failure_report(result, what, num_workers, tail=25, pattern=WORKER_LINE):
     """Human-readable diagnosis of a failed run: why it failed, the launcher's
     own last lines, and the last lines of every worker log (the root cause is
-    usually in one worker, the others only show the teardown)."""
+    usually in one worker, the others only show the teardown). Without a log
+    directory (horovodrun, single process) worker lines come from the stream,
+    split by ``pattern``."""
     if result.timed_out:
         why = "timed out after %.0f s" % result.seconds
     elif result.returncode != 0:
@@ -220,16 +309,145 @@ def failure_report(result, what, num_workers, tail=25):
     else:
         why = "finished without a BENCH line from worker 0"
     parts = ["%s %s" % (what, why), "command: " + format_command(result.argv)]
-    own = [line for line in result.lines if not WORKER_LINE.match(line)]
+    own = [line for line in result.lines if not pattern.match(line)]
     if own:
         parts.append("--- launcher output (last %d lines) ---" % min(tail, len(own)))
         parts.extend(own[-tail:])
     for worker in range(num_workers):
-        path = os.path.join(result.log_dir, "worker_%d.log" % worker)
-        lines = log_tail(path, tail) or worker_lines(result.lines, worker)[-tail:]
+        path = os.path.join(result.log_dir, "worker_%d.log" % worker) if result.log_dir \
+            else "output stream"
+        lines = (log_tail(path, tail) if result.log_dir else []) \
+            or worker_lines(result.lines, worker, pattern)[-tail:]
         parts.append("--- worker %d: last %d lines (%s) ---" % (worker, len(lines), path))
         parts.extend(lines)
     return "\n".join(parts)
+
+
+def deadline_stack(lines, frames=3):
+    """Where a worker that ``install_deadline`` ended was stuck: the innermost
+    library frame of its main thread, then the innermost ``frames`` frames of
+    project code (EPL, benchmarks), as short "file:line in function" strings
+    ([] if the log has no stack dump).
+
+    faulthandler lists the newest thread first, so the main thread's block is
+    the last "Thread 0x..." block; its first lines are the innermost calls."""
+    blocks, current = [], None
+    for line in lines:
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            current = [] if line.startswith("Thread") else None
+            blocks.append(current)
+        elif current is not None and line.strip().startswith("File "):
+            current.append(line.strip())
+    main = [b for b in blocks if b is not None]
+    if not main or not main[-1]:
+        return []
+    short = []
+    for frame in main[-1]:
+        match = re.match(r'File "(.*)", line (\d+) in (.*)$', frame)
+        path, line, function = match.groups() if match else (frame, "?", "?")
+        if path.startswith(REPO + os.sep):
+            path = os.path.relpath(path, REPO)
+        short.append(("site-packages" in path, "%s:%s in %s" % (
+            path.split("site-packages" + os.sep)[-1], line, function)))
+    own = [text for external, text in short if not external][:frames]
+    return ([short[0][1]] if short[0][0] else []) + own
+
+
+def job_worker_lines(result, worker, pattern=WORKER_LINE):
+    """All lines of one worker: its log file when the job had a log directory,
+    else its lines of the output stream."""
+    if result.log_dir:
+        lines = log_tail(os.path.join(result.log_dir, "worker_%d.log" % worker), 100000)
+        if lines:
+            return lines
+    return worker_lines(result.lines, worker, pattern)
+
+
+def raise_failure(result, what, num_workers, pattern=WORKER_LINE):
+    """Raise JobHung (timeout or deadline exit, with every worker's stack) or
+    BenchmarkError for a failed run, with ``failure_report``'s diagnostics."""
+    report = failure_report(result, what, num_workers, pattern=pattern)
+    if result.timed_out or result.returncode == HUNG_EXIT:
+        raise JobHung(report, [deadline_stack(job_worker_lines(result, worker, pattern))
+                               for worker in range(num_workers)])
+    raise BenchmarkError(report)
+
+
+def retry_hangs(run, retries, on_hang):
+    """``run()``, called again up to ``retries`` times while it raises JobHung;
+    ``on_hang(attempt, error)`` is called for every hang (attempts count from 1),
+    the last hang is re-raised. Other errors propagate at once."""
+    for attempt in range(1, retries + 2):
+        try:
+            return run()
+        except JobHung as err:
+            on_hang(attempt, err)
+            if attempt > retries:
+                raise
+
+
+def foreign_cpus(payloads):
+    """CPUs other processes used while a job's workers were timed: the machine's
+    busy CPUs (worker 0's sample) minus every worker's CPU/wall, or None. The
+    workers' timed windows coincide (synchronous steps), so one sample covers all."""
+    busy = payloads[0].get("machine_busy_cpus")
+    if busy is None:
+        return None
+    return max(0.0, busy - sum(p["cpu_per_wall"] for p in payloads))
+
+
+def disturbance_limit(job_cpus, threshold=DISTURBED_CPUS):
+    """Foreign CPUs a job using ``job_cpus`` cores tolerates before it counts as
+    disturbed: ``threshold``, or more when the job leaves cores idle (a
+    1-process job on 2 cores is not slowed by another process using one core)."""
+    return max(threshold, (os.cpu_count() or 1) - job_cpus - threshold)
+
+
+def rerun_while_disturbed(run, reruns):
+    """``run()`` (returning a dict with ``other_process_cpus`` and
+    ``disturbance_limit``), repeated up to ``reruns`` times while other
+    processes used more CPUs than that limit during its timed steps. Returns
+    the least disturbed run, with the others' disturbance and samples/s in
+    ``discarded_disturbed_runs``."""
+    tried = []
+    for _ in range(reruns + 1):
+        tried.append(run())
+        if (tried[-1]["other_process_cpus"] or 0.0) <= tried[-1]["disturbance_limit"]:
+            break
+    best = min(tried, key=lambda r: r["other_process_cpus"] or 0.0)
+    best["discarded_disturbed_runs"] = [
+        {"other_process_cpus": r["other_process_cpus"],
+         "samples_per_sec": r["bench"]["samples_per_sec"]} for r in tried if r is not best]
+    return best
+
+
+def positive_int(text):
+    """argparse type: an int >= 1 (ValueError otherwise)."""
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be >= 1: %r" % text)
+    return value
+
+
+def csv_list(parse_item, choices=None):
+    """argparse type for a comma-separated list (order kept, duplicates dropped),
+    each item parsed by ``parse_item`` and, if given, one of ``choices``."""
+    def parse(text):
+        items = []
+        for raw in (part.strip() for part in text.split(",")):
+            try:
+                item = parse_item(raw)
+            except ValueError:
+                raise argparse.ArgumentTypeError("bad item %r in %r" % (raw, text))
+            if choices is not None and item not in choices:
+                raise argparse.ArgumentTypeError(
+                    "expected a comma-separated list of %s, got %r" % ("/".join(choices), text))
+            if raw and item not in items:
+                items.append(item)
+        if not items:
+            raise argparse.ArgumentTypeError("empty list %r" % text)
+        return items
+    return parse
 
 
 def format_command(argv):
@@ -251,6 +469,21 @@ def git_revision():
         return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def git_changes(paths=("epl", "csrc")):
+    """Uncommitted changes (``git status --porcelain`` lines) under ``paths``, or None.
+
+    Recorded because a '-dirty' revision alone does not say whether the code
+    being measured (EPL itself) differs from the commit; read-only."""
+    try:
+        done = subprocess.run(["git", "status", "--porcelain", "--"] + list(paths), cwd=REPO,
+                              timeout=10, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              universal_newlines=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line for line in done.stdout.splitlines() if line.strip()] \
+        if done.returncode == 0 else None
 
 
 def environment_info(argv=None):

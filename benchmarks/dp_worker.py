@@ -40,6 +40,11 @@ CNN_INPUT = (32, 32, 3)
 # ops run in the server's thread pools, which are fixed by the ConfigProto the server
 # was created with (EPL before b957185 created it without the user's ConfigProto).
 SERVER_MODES = ("epl", "pinned")
+# Op types that communicate: TF collectives, EPL's ring and NCCL kernels.
+COMM_OP_PREFIXES = ("Collective", "EplRing", "Nccl", "EplNccl")
+# EPL settings echoed in the BENCH line: the values in effect, whatever set them.
+COMM_KEYS = ("communication.max_splits", "communication.fp16",
+             "communication.num_communicators")
 
 
 def parse_args(argv):
@@ -103,6 +108,20 @@ def build(tf, model, x_np, y_np):
     return loss, train_op
 
 
+def collective_op_counts(graph):
+    """``{op type: count}`` of the communication ops in the (rewritten) graph:
+    TF collectives and EPL's own (ring, NCCL) kernels.
+
+    Reported because they are what the communication settings change (one
+    all-reduce or all-gather per fusion bucket) and they show which backend
+    EPL picked, so a benchmark can check that a setting really took effect."""
+    counts = {}
+    for op in graph.get_operations():
+        if op.type.startswith(COMM_OP_PREFIXES):
+            counts[op.type] = counts.get(op.type, 0) + 1
+    return counts
+
+
 def stage(message):
     print("dp_worker: " + message, flush=True)
 
@@ -157,6 +176,7 @@ def main(argv=None):
         busy1 = common.machine_busy_seconds()
         machine_busy = None if busy0 is None or busy1 is None else (busy1 - busy0) / elapsed
         final_loss = float(sess.run(loss))
+        collectives = collective_op_counts(tf.get_default_graph())
     global_batch = args.batch * cluster.total_gpu_num
     seconds = float(np.median(windows))
     common.bench_line({
@@ -173,7 +193,8 @@ def main(argv=None):
         "session_setup_seconds": setup, "warmup_seconds": warmup, "final_loss": final_loss,
         "intra_op_threads": args.threads, "inter_op_threads": args.threads,
         "server": args.server, "distributed": cluster.distributed,
-        "params": params,
+        "params": params, "collective_ops": collectives,
+        "communication": dict((key, epl.Env.get().config.get(key)) for key in COMM_KEYS),
         "tf_version": tf.__version__, "pid": os.getpid()})
 
 

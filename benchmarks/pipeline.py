@@ -1,0 +1,212 @@
+"""Pipeline benchmark: step time and per-device activation memory vs micro-batches.
+
+A 2-stage model (each stage a stack of dense layers) runs on 2 virtual CPU
+devices of one worker, one core per stage (intra-op threads 1, inter-op
+threads 2). For m in {1, 2, 4, 8} micro-batches of size B, the step time is
+compared with the unpipelined run of the same global batch (m=1, batch m*B:
+stage 1 idles while stage 0 works and vice versa), against the ideal speedup
+p*m/(m+p-1). Peak activation memory per device comes from RunMetadata
+allocation records (maximum running sum of allocations, see PLATFORM.md) for
+PreferBackward (1F1B) and PreferForward (GPipe) at the largest m.
+
+Targets (from the issue): at m=8 at least 90% of the ideal speedup; 1F1B peak
+activations at most 0.4x GPipe's.
+
+    .venv/bin/python benchmarks/pipeline.py [--micro-batches 1,2,4,8] [--batch 64]
+
+Each configuration runs in a fresh child process with a hard timeout.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import common  # noqa: E402
+
+STAGES = 2
+TARGET_SPEEDUP_FRACTION = 0.9
+TARGET_MEMORY_RATIO = 0.4
+
+
+def build_model(tf, epl, batch, width, layers, features=256):
+    """Synthetic input (one pull per micro-batch) and 2 stages of dense layers."""
+    import numpy as np
+    rng = np.random.RandomState(0)
+    data = tf.data.Dataset.from_tensors(
+        (rng.rand(batch, features).astype(np.float32),
+         rng.randint(0, 10, batch).astype(np.int64))).repeat()
+    x, y = tf.data.make_one_shot_iterator(data).get_next()
+    hidden = x
+    for stage in range(STAGES):
+        with epl.replicate(1, name="stage_%d" % stage):
+            for layer in range(layers):
+                hidden = tf.layers.dense(hidden, width, activation=tf.nn.relu,
+                                         name="s%d_l%d" % (stage, layer))
+            if stage == STAGES - 1:
+                logits = tf.layers.dense(hidden, 10, name="logits")
+                loss = tf.losses.sparse_softmax_cross_entropy(y, logits)
+    train = tf.train.GradientDescentOptimizer(0.01).minimize(
+        loss, global_step=tf.train.get_or_create_global_step())
+    return loss, train
+
+
+def peak_bytes(run_metadata):
+    """Per device: maximum running sum of allocation records (activations + temps)."""
+    peaks = {}
+    for dev in run_metadata.step_stats.dev_stats:
+        records = []
+        for node in dev.node_stats:
+            for memory in node.memory:
+                for rec in memory.allocation_records:
+                    records.append((rec.alloc_micros, rec.alloc_bytes))
+        total = peak = 0
+        for _, delta in sorted(records):
+            total += delta
+            peak = max(peak, total)
+        if records:
+            peaks[dev.device] = peak
+    return peaks
+
+
+def child(args):
+    """Measure one configuration in this process; print one BENCH line."""
+    os.environ["EPL_NUM_VIRTUAL_DEVICES"] = str(STAGES)
+    import tensorflow.compat.v1 as tf
+    import epl
+    tf.logging.set_verbosity(tf.logging.ERROR)
+    m = args.child_micro_batches
+    batch = args.batch if m > 1 else args.batch * args.unpipelined_factor
+    epl.init(epl.Config({"pipeline.num_micro_batch": m, "pipeline.strategy": args.strategy}))
+    _, train = build_model(tf, epl, batch, args.width, args.layers)
+    config = tf.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=STAGES)
+    with tf.Session(config=config) as sess:
+        sess.run(tf.global_variables_initializer())
+        for _ in range(args.warmup):
+            sess.run(train)
+        start = time.time()
+        for _ in range(args.steps):
+            sess.run(train)
+        step = (time.time() - start) / args.steps
+        meta = tf.RunMetadata()
+        sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+                 run_metadata=meta)
+    peaks = peak_bytes(meta)
+    print(common.bench_line({"micro_batches": m, "strategy": args.strategy,
+                             "global_batch": batch * m, "step_seconds": step,
+                             "peak_bytes": peaks}), flush=True)
+
+
+def run_child(args, micro_batches, strategy, unpipelined_factor=1):
+    argv = [sys.executable, os.path.abspath(__file__), "--child-micro-batches",
+            str(micro_batches), "--strategy", strategy, "--batch", str(args.batch),
+            "--width", str(args.width), "--layers", str(args.layers), "--steps",
+            str(args.steps), "--warmup", str(args.warmup), "--unpipelined-factor",
+            str(unpipelined_factor)]
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=args.timeout, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    lines = proc.stdout.decode(errors="replace").splitlines()
+    for line in lines:
+        if line.startswith(common.BENCH_TAG + " "):
+            return json.loads(line[len(common.BENCH_TAG) + 1:])
+    raise common.BenchmarkError("pipeline child m=%d %s failed (exit %d):\n%s"
+                                % (micro_batches, strategy, proc.returncode,
+                                   "\n".join(lines[-30:])))
+
+
+def _stage_peaks(result):
+    """Peak bytes of the two compute devices, stage order."""
+    peaks = result["peak_bytes"]
+    return [max(v for k, v in peaks.items() if k.endswith("CPU:%d" % i)) for i in range(STAGES)]
+
+
+def measure(args):
+    rows, records = [], []
+    for m in args.micro_batches:
+        base = run_child(args, 1, "PreferBackward", unpipelined_factor=m)
+        piped = run_child(args, m, "PreferBackward") if m > 1 else base
+        speedup = base["step_seconds"] / piped["step_seconds"]
+        ideal = STAGES * m / float(m + STAGES - 1)
+        records.append({"micro_batches": m, "unpipelined": base, "pipelined": piped,
+                        "speedup": speedup, "ideal": ideal})
+        rows.append([m, base["global_batch"], "%.1f" % (base["step_seconds"] * 1e3),
+                     "%.1f" % (piped["step_seconds"] * 1e3), "%.2fx" % speedup,
+                     "%.2fx" % ideal, "%.0f%%" % (100 * speedup / ideal)])
+        print("m=%d: unpipelined %.1f ms, 1F1B %.1f ms, speedup %.2f (ideal %.2f)"
+              % (m, base["step_seconds"] * 1e3, piped["step_seconds"] * 1e3, speedup, ideal),
+              flush=True)
+    m = max(args.micro_batches)
+    memory = {s: run_child(args, m, s) for s in ("PreferBackward", "PreferForward")}
+    return rows, records, memory
+
+
+def report(args, rows, records, memory):
+    m = max(args.micro_batches)
+    one_f, gpipe = _stage_peaks(memory["PreferBackward"]), _stage_peaks(memory["PreferForward"])
+    ratio = [a / float(b) for a, b in zip(one_f, gpipe)]
+    last = records[-1]
+    speed_ok = last["speedup"] / last["ideal"] >= TARGET_SPEEDUP_FRACTION
+    memory_ok = max(ratio) <= TARGET_MEMORY_RATIO
+    info = common.environment_info(sys.argv)
+    mem_rows = [["stage %d" % i, "%.2f" % (one_f[i] / 1e6), "%.2f" % (gpipe[i] / 1e6),
+                 "%.2f" % ratio[i]] for i in range(STAGES)]
+    markdown = "\n".join([
+        "# Pipeline parallelism on CPU (2 stages, 2 virtual devices, one core per stage)", "",
+        "- Command: `%s`" % info["command"], "- Date: %s; EPL git %s" % (
+            info["date"], info["git_revision"]),
+        "- %s, %s CPUs; load average at start %s" % (info["cpu_model"], info["cpu_count"],
+                                                     info["loadavg_start"]),
+        "- Model: per stage %d dense layers of width %d; micro-batch %d; GradientDescent; "
+        "%d timed steps after %d warm-up steps" % (args.layers, args.width, args.batch,
+                                                   args.steps, args.warmup),
+        "- Unpipelined = same global batch in one pass (m=1) through both stages", "",
+        "## Step time (PreferBackward)", "",
+        common.markdown_table(["micro-batches m", "global batch", "unpipelined ms",
+                               "pipelined ms", "speedup", "ideal p*m/(m+p-1)",
+                               "of ideal"], rows), "",
+        "Target: at m=%d at least %d%% of the ideal speedup: **%s** (%.0f%%)." % (
+            m, 100 * TARGET_SPEEDUP_FRACTION, "met" if speed_ok else "NOT met",
+            100 * last["speedup"] / last["ideal"]), "",
+        "## Peak activation memory per device at m=%d (RunMetadata allocation records)" % m,
+        "", common.markdown_table(["device", "1F1B MB", "GPipe MB", "1F1B / GPipe"],
+                                  mem_rows), "",
+        "Target: 1F1B peak at most %.1fx GPipe's: **%s** (worst stage %.2fx)." % (
+            TARGET_MEMORY_RATIO, "met" if memory_ok else "NOT met", max(ratio)), ""])
+    payload = {"environment": info, "settings": vars(args), "speed": records,
+               "memory": memory, "memory_ratio": ratio,
+               "targets": {"speedup_fraction": speed_ok, "memory_ratio": memory_ok}}
+    common.write_results(args.out, "pipeline", payload, markdown)
+    print(markdown)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--micro-batches", type=lambda t: [int(v) for v in t.split(",")],
+                        default=[1, 2, 4, 8])
+    parser.add_argument("--batch", type=int, default=64, help="micro-batch size")
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=4, help="dense layers per stage")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--strategy", default="PreferBackward", help=argparse.SUPPRESS)
+    parser.add_argument("--child-micro-batches", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--unpipelined-factor", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child_micro_batches:
+        child(args)
+        return 0
+    start = time.time()
+    rows, records, memory = measure(args)
+    report(args, rows, records, memory)
+    print("total %.0f s" % (time.time() - start))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
