@@ -10,9 +10,10 @@
 // `timeout_seconds` instead of a hang.
 #include <algorithm>
 #include <cstring>
-#include <thread>
+#include <type_traits>
 #include <vector>
 
+#include "half_convert.h"
 #include "ring_transport.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -91,12 +92,16 @@ REGISTER_OP("EplRingAllReduce")
     .Attr("size: int")
     .Attr("instance_key: int")
     .Attr("mean: bool = true")
+    .Attr("wire_float16: bool = false")
+    .Attr("scale: float = 1.0")
     .Attr("timeout_seconds: float = 600")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(0));
       return Status::OK();
-    });
+    })
+    .Doc("Ring all-reduce over TCP. With wire_float16 (float32 input only) chunks travel "
+         "as float16 of value*scale and are accumulated in float32.");
 
 class ListenOp : public OpKernel {
  public:
@@ -202,6 +207,45 @@ ring::Result RingAllReduce(ring::Member* member, uint64_t instance, T* data, int
   return ring::Result::Ok();
 }
 
+// Ring all-reduce of float32 data whose chunks travel as float16 (value*scale).
+// Partial sums accumulate in float32; after the reduce-scatter each owner rounds
+// its chunk through float16 once, and the all-gather forwards those exact bits,
+// so every member ends with identical values.
+ring::Result RingAllReduceHalfWire(ring::Member* member, uint64_t instance, float* data,
+                                   int64 n, bool mean, float scale, double timeout) {
+  const int size = member->size(), rank = member->rank();
+  std::vector<int64> count(size, n / size), offset(size, 0);
+  for (int i = 0; i < n % size; ++i) ++count[i];
+  for (int i = 1; i < size; ++i) offset[i] = offset[i - 1] + count[i - 1];
+  std::vector<uint16_t> out_half(count[0]), in_half(count[0]);
+  auto chunk = [&](int i) { return ((i % size) + size) % size; };
+  const float inverse = 1.0f / scale;
+  uint64_t step = 0;
+  for (int s = 0; s < size - 1; ++s, ++step) {
+    int out = chunk(rank - s), in = chunk(rank - s - 1);
+    half_convert::ToHalf(data + offset[out], out_half.data(), count[out], scale);
+    ring::Result r = member->Exchange(
+        instance, step, reinterpret_cast<const char*>(out_half.data()), count[out] * 2,
+        reinterpret_cast<char*>(in_half.data()), count[in] * 2, timeout);
+    if (!r.ok()) return r;
+    half_convert::AddFromHalf(in_half.data(), data + offset[in], count[in], inverse);
+  }
+  int owned = chunk(rank + 1);
+  const float owned_scale = mean ? scale / size : scale;
+  half_convert::ToHalf(data + offset[owned], out_half.data(), count[owned], owned_scale);
+  half_convert::FromHalf(out_half.data(), data + offset[owned], count[owned], inverse);
+  for (int s = 0; s < size - 1; ++s, ++step) {
+    int out = chunk(rank - s + 1), in = chunk(rank - s);
+    ring::Result r = member->Exchange(
+        instance, step, reinterpret_cast<const char*>(out_half.data()), count[out] * 2,
+        reinterpret_cast<char*>(in_half.data()), count[in] * 2, timeout);
+    if (!r.ok()) return r;
+    half_convert::FromHalf(in_half.data(), data + offset[in], count[in], inverse);
+    std::swap(out_half, in_half);  // forward the received bits unchanged next step
+  }
+  return ring::Result::Ok();
+}
+
 template <typename T>
 class AllReduceOp : public AsyncOpKernel {
  public:
@@ -209,13 +253,20 @@ class AllReduceOp : public AsyncOpKernel {
     OP_REQUIRES_OK(ctx, attrs_.Read(ctx));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("instance_key", &instance_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("mean", &mean_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("wire_float16", &wire_half_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("scale", &scale_));
+    OP_REQUIRES(ctx, (!wire_half_ || std::is_same<T, float>::value),
+                tensorflow::errors::InvalidArgument("wire_float16 needs a float32 input"));
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const Tensor& input = ctx->input(0);
     Tensor* output = nullptr;
-    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, input.shape(), &output), done);
-    if (input.NumElements() > 0) {
+    // Reuse the input buffer when nothing else holds it (no copy).
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->forward_input_or_allocate_output({0}, 0, input.shape(),
+                                                                    &output),
+                         done);
+    if (output->tensor_data().data() != input.tensor_data().data() && input.NumElements() > 0) {
       std::memcpy(const_cast<char*>(output->tensor_data().data()), input.tensor_data().data(),
                   input.TotalBytes());
     }
@@ -224,21 +275,39 @@ class AllReduceOp : public AsyncOpKernel {
       return;
     }
     auto member = ring::GetMember(attrs_.communicator, attrs_.rank, attrs_.size);
-    std::thread([this, ctx, output, member, done]() {
-      std::lock_guard<std::mutex> lock(member->mutex());
+    member->Submit([this, ctx, output, member, done]() {
       T* data = reinterpret_cast<T*>(const_cast<char*>(output->tensor_data().data()));
-      ring::Result r = RingAllReduce<T>(member.get(), static_cast<uint64_t>(instance_), data,
-                                        output->NumElements(), mean_, attrs_.timeout);
+      ring::Result r = Run(member.get(), data, output->NumElements());
       ctx->SetStatus(ToStatus(r, "all-reduce on " + attrs_.Where()));
       done();
-    }).detach();
+    });
   }
 
  private:
+  ring::Result Run(ring::Member* member, T* data, int64 n);
+
   RingAttrs attrs_;
   int64 instance_ = 0;
   bool mean_ = true;
+  bool wire_half_ = false;
+  float scale_ = 1.0f;
 };
+
+template <typename T>
+ring::Result AllReduceOp<T>::Run(ring::Member* member, T* data, int64 n) {
+  return RingAllReduce<T>(member, static_cast<uint64_t>(instance_), data, n, mean_,
+                          attrs_.timeout);
+}
+
+template <>
+ring::Result AllReduceOp<float>::Run(ring::Member* member, float* data, int64 n) {
+  if (!wire_half_) {
+    return RingAllReduce<float>(member, static_cast<uint64_t>(instance_), data, n, mean_,
+                                attrs_.timeout);
+  }
+  return RingAllReduceHalfWire(member, static_cast<uint64_t>(instance_), data, n, mean_,
+                               scale_, attrs_.timeout);
+}
 
 REGISTER_KERNEL_BUILDER(Name("EplRingListen").Device(DEVICE_CPU), ListenOp);
 REGISTER_KERNEL_BUILDER(Name("EplRingConnect").Device(DEVICE_CPU), ConnectOp);

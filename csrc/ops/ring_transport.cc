@@ -94,8 +94,35 @@ Member::Member(const std::string& communicator, int rank, int size)
     : communicator_(communicator), rank_(rank), size_(size) {}
 
 Member::~Member() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
   CloseRing();
   CloseFd(&listen_fd_);
+}
+
+void Member::Submit(std::function<void()> work) {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  if (!worker_.joinable()) {
+    worker_ = std::thread([this]() {
+      for (;;) {
+        std::function<void()> next;
+        {
+          std::unique_lock<std::mutex> wait(queue_mu_);
+          queue_cv_.wait(wait, [this]() { return stopping_ || !queue_.empty(); });
+          if (queue_.empty()) return;
+          next = std::move(queue_.front());
+          queue_.pop_front();
+        }
+        next();
+      }
+    });
+  }
+  queue_.push_back(std::move(work));
+  queue_cv_.notify_one();
 }
 
 std::string Member::PeerName(int peer) const {
@@ -218,7 +245,20 @@ Result Member::Connect(const std::vector<int>& ports, const std::vector<std::str
 Result Member::Exchange(uint64_t instance, uint64_t step, const char* send_data,
                         size_t send_bytes, char* recv_data, size_t recv_bytes,
                         double timeout) {
-  if (!connected()) return Result::Fail("ring not connected (the setup op did not run)");
+  if (!connected())
+    return Result::Fail("ring not connected (its setup did not run, or an earlier collective "
+                        "on it failed)");
+  Result result = ExchangeOnce(instance, step, send_data, send_bytes, recv_data, recv_bytes,
+                               timeout);
+  // After a failure the byte streams are out of step with the peers': drop the
+  // connections so later collectives fail fast until the ring is set up again.
+  if (!result.ok()) CloseRing();
+  return result;
+}
+
+Result Member::ExchangeOnce(uint64_t instance, uint64_t step, const char* send_data,
+                            size_t send_bytes, char* recv_data, size_t recv_bytes,
+                            double timeout) {
   Header out{kMagic, instance, step, send_bytes};
   Header in{};
   const char* out_parts[2] = {reinterpret_cast<const char*>(&out), send_data};

@@ -9,10 +9,14 @@
 #ifndef EPL_CSRC_OPS_RING_TRANSPORT_H_
 #define EPL_CSRC_OPS_RING_TRANSPORT_H_
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace epl {
@@ -55,6 +59,10 @@ class Member {
   Result Exchange(uint64_t instance, uint64_t step, const char* send, size_t send_bytes,
                   char* recv, size_t recv_bytes, double timeout);
 
+  // Runs `work` on this member's own thread, in submission order. Collectives of
+  // one member never run concurrently, and none occupies a TF executor thread.
+  void Submit(std::function<void()> work);
+
   bool connected() const { return next_fd_ >= 0 && prev_fd_ >= 0; }
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -64,6 +72,8 @@ class Member {
 
  private:
   void CloseRing();
+  Result ExchangeOnce(uint64_t instance, uint64_t step, const char* send, size_t send_bytes,
+                      char* recv, size_t recv_bytes, double timeout);
   Result ConnectNext(const std::string& host, int port, double timeout);
   Result AcceptPrev(double timeout);
 
@@ -78,6 +88,11 @@ class Member {
   std::vector<std::string> hosts_;
   std::mutex setup_mu_;
   std::mutex run_mu_;
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<std::function<void()>> queue_;
+  std::thread worker_;
+  bool stopping_ = false;
 };
 
 // Process-wide registry: one Member per (communicator, rank).

@@ -82,6 +82,11 @@ class Communicator(object):
         """Sum (or mean) of ``tensor`` over the group, built on ``device``."""
         return self._build(device, name, "all_reduce", tensor, mean)
 
+    def all_reduce_fp16_wire(self, tensor, device, name, mean, scale):
+        """All-reduce of float32 data sent as float16 of ``tensor * scale`` (backends
+        with ``fp16_wire``); the result is float32, identical on every member."""
+        return self._build(device, name, "all_reduce_fp16_wire", tensor, mean, scale)
+
     def all_gather(self, tensor, device, name):
         """Every member's tensor concatenated along dim 0, in group order."""
         return self._build(device, name, "all_gather", tensor)

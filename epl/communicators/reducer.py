@@ -10,7 +10,8 @@ Example (one member, on ``device``)::
 Bucket b goes to communicator ``b % len(communicators)``: independent groups,
 so buckets need not wait for one another. With ``fp16`` each float bucket is
 multiplied by ``fp16_scale``, sent as float16 and divided again, which halves
-the bytes moved at a small precision cost. Backends without a float16
+the bytes moved at a small precision cost. EPL's ring converts inside its
+op (vectorized, no TF casts). Backends without a float16
 all-reduce (TF's CPU collectives) all-gather the float16 payload, bit-cast to
 int32, and sum it locally in the bucket's own precision: the same bytes per
 worker as a float16 ring for two workers, and a more accurate sum.
@@ -63,6 +64,8 @@ class GradientReducer(object):
 
     def _reduce_fp16(self, comm, buffer, device, name):
         dtype = buffer.dtype.base_dtype
+        if getattr(comm.backend, "fp16_wire", False) and dtype == tf.float32:
+            return comm.all_reduce_fp16_wire(buffer, device, name, self.mean, self.fp16_scale)
         if comm.backend.native_fp16:
             with tf.device(device), tf.name_scope("EPL_FP16"):
                 half = tf.cast(buffer * self.fp16_scale, tf.float16)

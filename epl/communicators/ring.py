@@ -46,6 +46,7 @@ class RingBackend(TFCollectiveBackend):
 
     name = "epl_ring"
     native_fp16 = True
+    fp16_wire = True   # converts float32 <-> float16 inside the op (no TF casts)
     needs_context = True
 
     def __init__(self, context):
@@ -70,13 +71,19 @@ class RingBackend(TFCollectiveBackend):
         return "%s@%d" % (group.name, group.key)
 
     def all_reduce(self, tensor, group, device, instance_key, mean):
+        return self._ring_op(tensor, group, device, instance_key, mean, False, 1.0)
+
+    def all_reduce_fp16_wire(self, tensor, group, device, instance_key, mean, scale):
+        return self._ring_op(tensor, group, device, instance_key, mean, True, scale)
+
+    def _ring_op(self, tensor, group, device, instance_key, mean, wire_half, scale):
         ops = library.load()
         controls = [self._last[device]] if device in self._last else []
         with tf.control_dependencies(controls):
             result = ops.epl_ring_all_reduce(
                 tensor, communicator=self._ring_name(group), rank=group.rank(device),
                 size=group.size, instance_key=instance_key, mean=mean,
-                timeout_seconds=self._timeout)
+                wire_float16=wire_half, scale=float(scale), timeout_seconds=self._timeout)
         self._last[device] = result.op
         if device not in self._members:
             self._members.append(device)
