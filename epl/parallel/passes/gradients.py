@@ -116,9 +116,12 @@ def _local_total(ctx, item, copy, device, mean, gate):
     """This copy's gradient summed over micro-batches / accumulation steps."""
     total, store = ctx.tensor_instance(item.grad, copy), None
     if ctx.num_micro_batch > 1:
-        parts = [ctx.tensor_instance(item.grad, copy, m) for m in range(ctx.num_micro_batch)]
-        with tf.device(device):
-            total = tf.add_n(parts)
+        # A running sum in micro-batch order (not add_n, which waits for all of
+        # them): each micro-batch's gradient is freed as soon as it is added, so
+        # peak memory does not grow with num_micro_batch.
+        with tf.device(device), tf.name_scope("EPL_MICRO_BATCH_SUM"):
+            for m in range(1, ctx.num_micro_batch):
+                total = total + ctx.tensor_instance(item.grad, copy, m)
             if mean:
                 total = total / ctx.num_micro_batch
     if gate is not None:
