@@ -18,3 +18,17 @@ def _epl_clean_state(monkeypatch):
     import sys
     if "epl.env" in sys.modules:
         sys.modules["epl.env"].reset()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the largest weight difference each equivalence test measured."""
+    import sys
+    eplutil = sys.modules.get("eplutil")
+    if eplutil is None or not eplutil.MEASURED:
+        return
+    worst = {}
+    for test, value in eplutil.MEASURED:
+        worst[test] = max(value, worst.get(test, 0.0))
+    terminalreporter.section("equivalence: max |weight - serial weight| per test")
+    for test in sorted(worst):
+        terminalreporter.write_line("%.3g  %s" % (worst[test], test))

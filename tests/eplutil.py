@@ -5,6 +5,7 @@ under EPL on per-replica batches that partition each global batch, then
 compare weights.
 """
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -142,8 +143,15 @@ def copy_values(sess, var_name):
     return sess.run([op.outputs[0] for op in program.variable_copies[var_name]])
 
 
+MEASURED = []  # (test id, max difference) for the equivalence summary printed by conftest
+
+
 def max_diff(reference, copies):
-    return max(float(np.abs(c - reference).max()) for c in copies)
+    """Largest |copy - reference| over all copies; recorded for the test report."""
+    value = max(float(np.abs(np.asarray(c) - reference).max()) for c in copies)
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+    MEASURED.append((test, value))
+    return value
 
 
 def free_ports(count):

@@ -6,7 +6,8 @@ import tensorflow.compat.v1 as tf
 
 import epl
 from epl.cluster import Cluster
-from eplutil import dataset_input, epl_paused, initial_weights, make_data, mlp
+from eplutil import (dataset_input, epl_paused, initial_weights, make_data, max_diff,
+                     mlp)
 
 STEPS, BATCH, DEVICES = 3, 8, 2
 VOCAB, DIM = 20, 4
@@ -69,7 +70,7 @@ def _mlp(x, y):
 
 def _assert_close(ref, got, tol):
     for name, value in ref.items():
-        assert np.abs(got[name] - value).max() < tol, name
+        assert max_diff(value, [got[name]]) < tol, name
 
 
 def _grad_collectives(program, graph):
