@@ -143,3 +143,46 @@ def _warn_about(plan):
 def specs_from_graph(graph):
     """TaskGraphSpecs of an ``epl.ir.Graph`` in definition order."""
     return [TaskGraphSpec(tg.name, tg.kind, tg.device_count) for tg in graph.taskgraphs]
+
+
+def _value(text):
+    """Config values on the command line: ints, true/false, else strings."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def main(argv=None):
+    """Print the plan of a simulated job, e.g. for 2 stages on 4 devices::
+
+        python -m epl.parallel.plan --workers 1 --devices 4 \\
+            --taskgraphs replicate:1,replicate:1 pipeline.num_micro_batch=4
+    """
+    import argparse
+    from epl.cluster import Cluster
+    from epl.config import Config
+    parser = argparse.ArgumentParser(description="Print EPL's plan for a simulated cluster.")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--devices", type=int, default=1, help="compute devices per worker")
+    parser.add_argument("--taskgraphs", default="replicate:1",
+                        help="comma list of kind:device_count, in definition order")
+    parser.add_argument("config", nargs="*", help="config overrides as key=value")
+    args = parser.parse_args(argv)
+    config = Config(dict((k, _value(v)) for k, v in (c.split("=", 1) for c in args.config)))
+    hosts = ["worker%d:2222" % i for i in range(args.workers)] if args.workers > 1 else None
+    cluster = Cluster(hosts, 0, args.devices)
+    specs = []
+    for index, item in enumerate(args.taskgraphs.split(",")):
+        kind, _, count = item.partition(":")
+        specs.append(TaskGraphSpec("taskgraph_%d" % index, kind, int(count or 1)))
+    print(make_plan(config, cluster, specs))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

@@ -100,3 +100,12 @@ def test_512_devices_four_stages():
     for replica in range(plan.num_replicas):
         assert len({plan.worker_of[tg.devices[replica][0]] for tg in plan.taskgraphs}) == 1
     assert sum(len(plan.replicas_built_by(w)) for w in range(64)) == 128
+
+
+def test_plan_cli_prints_the_plan(capsys):
+    from epl.parallel.plan import main
+    assert main(["--workers", "2", "--devices", "1", "--taskgraphs",
+                 "replicate:1,replicate:1", "pipeline.num_micro_batch=4"]) == 0
+    out = capsys.readouterr().out
+    assert "2 worker(s) x 1 CPU device(s)" in out and "2 stages, 4 micro-batch(es)" in out
+    assert "replica 0: /job:worker/replica:0/task:1/device:CPU:0" in out
