@@ -27,7 +27,6 @@ OP_CREATION = (_ops.Graph, "_add_op")
 GRAPH_FINALIZE = (_ops.Graph, "finalize")
 GRADIENTS = (_gradients_util, "_GradientsHelper")
 APPLY_GRADIENTS = (_optimizer.Optimizer, "apply_gradients")
-OPTIMIZER_INIT = (_optimizer.Optimizer, "__init__")
 SESSION_INIT = (_session.BaseSession, "__init__")
 SESSION_RUN = (_session.BaseSession, "run")
 SESSION_MAKE_CALLABLE = (_session.BaseSession, "make_callable")
@@ -36,9 +35,7 @@ SAVER_SAVE = (_saver.Saver, "save")
 SAVER_RESTORE = (_saver.Saver, "restore")
 SERVER_INIT = (_server_lib.Server, "__init__")
 SCAFFOLD_FINALIZE = (_monitored_session.Scaffold, "finalize")
-BASE_OPTIMIZER = _optimizer.Optimizer
 _MTS = _monitored_session.MonitoredTrainingSession
-BASE_SESSION = _session.BaseSession
 
 
 def monitored_training_session_targets():

@@ -56,11 +56,11 @@ def plan_for(view, config, cluster):
     return make_plan(config, cluster, specs_from_graph(view))
 
 
-def parallelize(view, config, cluster):
+def parallelize(view, config, cluster, plan=None):
     """Run every applicable pass on ``view``'s graph; return the ParallelProgram."""
     if view.parallel is not None:
         return view.parallel
-    plan = plan_for(view, config, cluster)
+    plan = plan if plan is not None else plan_for(view, config, cluster)
     _check_supported(plan, cluster)
     ctx = RewriteContext(view, config, cluster, plan)
     ctx.roles = classify(view)

@@ -55,7 +55,7 @@ def program_for(graph, provider):
         plan = rewriter.plan_for(view, env.config, env.cluster)
         if not plan.replicas_built_by(env.cluster.worker_index):
             serving.serve(env, plan)
-        rewriter.parallelize(view, env.config, env.cluster)
+        rewriter.parallelize(view, env.config, env.cluster, plan)
     return view.parallel
 
 
@@ -103,8 +103,9 @@ def guarded(program, ops, run_fn):
     if not groups:
         return run_fn()
     _preflight(program)
-    with WATCHDOG.guard(program.timeout,
-                        lambda elapsed: program.timeout_message(groups, elapsed)):
+    # A little later than the ring's own timeout, so that its clean error wins.
+    deadline = program.timeout * 1.1 + 5
+    with WATCHDOG.guard(deadline, lambda elapsed: program.timeout_message(groups, elapsed)):
         return run_fn()
 
 
