@@ -1,6 +1,7 @@
 """Transport microbenchmark: one all-reduce of N floats between 2 workers on 127.0.0.1.
 
-Compares EPL's ring backend, TensorFlow's collective ops (as EPL uses them when
+Compares EPL's ring backend (its default same-host shared-memory links, and
+TCP links with ``EPL_RING_SHARED_MEMORY=0``), TensorFlow's collective ops (as EPL uses them when
 ``EPL_COLLECTIVE_BACKEND=tf``) and, when installed (``make bench-deps``),
 Horovod's gloo all-reduce, for several sizes, each worker single-threaded.
 This isolates the communication cost that the end-to-end benchmarks
@@ -52,8 +53,11 @@ def worker(args):
         session = tf.Session(server.target, config=config)
     with session:
         session.run(tf.global_variables_initializer())
+        links = None
         if args.backend != "horovod":
             session.run(setup)
+            connects = [op.outputs[0] for op in setup if op.type == "EplRingConnect"]
+            links = int(session.run(connects)[0]) if connects else None
         for _ in range(3):
             session.run(reduced.op)
         start = time.time()
@@ -62,7 +66,17 @@ def worker(args):
         seconds = (time.time() - start) / args.repeats
     if rank == 0:
         print(common.bench_line({"backend": args.backend, "floats": args.size,
-                                 "ms": seconds * 1e3}), flush=True)
+                                 "ms": seconds * 1e3, "ring_links": links}), flush=True)
+
+
+# EPL_* settings per measured backend; the EPL ring runs once per link transport.
+BACKEND_ENV = {
+    "ring": {"EPL_COLLECTIVE_BACKEND": "ring", "EPL_RING_SHARED_MEMORY": "1"},
+    "ring_tcp": {"EPL_COLLECTIVE_BACKEND": "ring", "EPL_RING_SHARED_MEMORY": "0"},
+    "tf": {"EPL_COLLECTIVE_BACKEND": "tf"},
+}
+# EplRingConnect's output: 1 = connected, +2/+4 = outgoing/incoming link in shared memory.
+EXPECTED_LINKS = {"ring": 7, "ring_tcp": 1}
 
 
 def run(args, backend, size):
@@ -76,13 +90,16 @@ def run(args, backend, size):
         argv = [sys.executable, "-m", "epl.launcher", "--num_workers", "2", "--gpu_per_worker",
                 "1"] + script
         pattern = common.WORKER_LINE
-    env = {"EPL_COLLECTIVE_BACKEND": "ring" if backend == "ring" else "tf"}
-    result = common.run_command(argv, TIMEOUT, extra_env=env)
+    result = common.run_command(argv, TIMEOUT, extra_env=BACKEND_ENV.get(backend, {}))
     for line in result.lines:
         match = pattern.match(line)
         text = match.group(2) if match else line
         if text.startswith(common.BENCH_TAG + " "):
-            return json.loads(text[len(common.BENCH_TAG) + 1:])
+            record = json.loads(text[len(common.BENCH_TAG) + 1:])
+            if backend in EXPECTED_LINKS and record["ring_links"] != EXPECTED_LINKS[backend]:
+                raise common.BenchmarkError("%s: ring link state %s, expected %s" % (
+                    backend, record["ring_links"], EXPECTED_LINKS[backend]))
+            return record
     raise common.BenchmarkError("%s all-reduce of %d floats failed (exit %s):\n%s" % (
         backend, size, result.returncode, "\n".join(result.lines[-30:])))
 
@@ -101,9 +118,9 @@ def main(argv=None):
         return 0
     try:
         import horovod  # noqa: F401
-        backends = ["ring", "tf", "horovod"]
+        backends = ["ring", "ring_tcp", "tf", "horovod"]
     except ImportError:
-        backends = ["ring", "tf"]
+        backends = ["ring", "ring_tcp", "tf"]
         print("allreduce: Horovod not installed (run `make bench-deps`); skipping it")
     rows, records = [], []
     for size in [int(s) for s in args.sizes.split(",")]:
@@ -114,7 +131,8 @@ def main(argv=None):
         print("floats=%d: %s" % (size, ", ".join("%s %.2f ms" % kv for kv in times.items())),
               flush=True)
     info = common.environment_info(sys.argv)
-    names = {"ring": "EPL ring ms", "tf": "TF collectives ms", "horovod": "Horovod gloo ms"}
+    names = {"ring": "EPL ring, shared memory ms", "ring_tcp": "EPL ring, TCP ms",
+             "tf": "TF collectives ms", "horovod": "Horovod gloo ms"}
     markdown = "\n".join([
         "# One all-reduce between 2 workers on 127.0.0.1 (1 thread each)", "",
         "- Command: `%s`" % info["command"], "- Date: %s; EPL git %s" % (

@@ -90,7 +90,7 @@ def parse_args(argv):
                         help="timed windows per run, median reported (default 5, --quick 3)")
     parser.add_argument("--batch", type=common.csv_list(common.positive_int), default=None,
                         help="per-worker batch size(s), comma-separated "
-                             "(default 64,512; --quick 64)")
+                             "(default 64,512,2048; --quick 64)")
     parser.add_argument("--models", type=common.csv_list(str, MODELS), default=list(MODELS),
                         help="comma-separated models (default mlp,cnn)")
     parser.add_argument("--out", default=os.path.join(common.REPO, "benchmarks", "results"),
@@ -115,7 +115,7 @@ def parse_args(argv):
         parser.error("--warmup must be >= 0")
     args.steps = args.steps or (8 if args.quick else 15)
     args.repeats = args.repeats or (3 if args.quick else 5)
-    args.batch = args.batch or ([64] if args.quick else [64, 512])
+    args.batch = args.batch or ([64] if args.quick else [64, 512, 2048])
     args.sweep = [dict(zip(KEYS, c)) for c in (QUICK_SWEEP if args.quick else FULL_SWEEP)]
     return args
 

@@ -19,7 +19,7 @@ if ! command -v "$CXX" >/dev/null 2>&1; then
 fi
 # -std=c++14 and TF's -D_GLIBCXX_USE_CXX11_ABI=0 (in FLAGS) are both required: without
 # either, the build succeeds and tf.load_op_library fails with an undefined symbol.
-if "$CXX" -std=c++14 -shared -fPIC -O2 "$ROOT"/csrc/ops/*.cc $FLAGS -o "$OUT/libepl_ops.so.tmp" \
+if "$CXX" -std=c++14 -shared -fPIC -O3 "$ROOT"/csrc/ops/*.cc $FLAGS -lrt -o "$OUT/libepl_ops.so.tmp" \
     2>"$OUT/build.log"; then
   mv "$OUT/libepl_ops.so.tmp" "$OUT/libepl_ops.so"
   echo "build_ops: built epl/lib/libepl_ops.so"

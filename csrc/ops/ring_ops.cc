@@ -1,7 +1,8 @@
 // EPL ring collective ops (CPU): set up TCP rings and all-reduce over them.
 //
 //   EplRingListen   -> the port this member listens on (published with a TF all-gather)
-//   EplRingConnect  <- every member's port; connects the ring (idempotent)
+//   EplRingConnect  <- every member's port; connects the ring (idempotent) and
+//                      upgrades links to shared memory between members on one host
 //   EplRingAllReduce   ring reduce-scatter + all-gather, accumulating float16 in float
 //
 // The all-reduce is an AsyncOpKernel whose work runs on its own thread, so a
@@ -77,11 +78,14 @@ REGISTER_OP("EplRingConnect")
     .Attr("size: int")
     .Attr("hosts: list(string)")
     .Attr("timeout_seconds: float = 600")
+    .Attr("shared_memory: bool = true")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->Scalar());
       return Status::OK();
-    });
+    })
+    .Doc("ready: 1 when connected, plus 2 if the link to the successor and 4 if the link "
+         "from the predecessor use shared memory.");
 
 REGISTER_OP("EplRingAllReduce")
     .Input("input: T")
@@ -126,6 +130,7 @@ class ConnectOp : public AsyncOpKernel {
   explicit ConnectOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, attrs_.Read(ctx));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("hosts", &hosts_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("shared_memory", &shared_memory_));
     OP_REQUIRES(ctx, static_cast<int>(hosts_.size()) == attrs_.size,
                 tensorflow::errors::InvalidArgument("EplRingConnect needs one host per member"));
   }
@@ -140,11 +145,11 @@ class ConnectOp : public AsyncOpKernel {
     std::vector<int> ports(flat.data(), flat.data() + flat.size());
     Tensor* out = nullptr;
     OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(0, TensorShape({}), &out), done);
-    out->scalar<int>()() = 1;
     auto member = ring::GetMember(attrs_.communicator, attrs_.rank, attrs_.size);
-    std::thread([this, ctx, member, ports, done]() {
-      ctx->SetStatus(ToStatus(member->Connect(ports, hosts_, attrs_.timeout),
+    std::thread([this, ctx, member, ports, out, done]() {
+      ctx->SetStatus(ToStatus(member->Connect(ports, hosts_, attrs_.timeout, shared_memory_),
                               "connect " + attrs_.Where()));
+      out->scalar<int>()() = attrs_.size == 1 ? 1 : member->LinkState();
       done();
     }).detach();
   }
@@ -152,6 +157,7 @@ class ConnectOp : public AsyncOpKernel {
  private:
   RingAttrs attrs_;
   std::vector<std::string> hosts_;
+  bool shared_memory_ = true;
 };
 
 template <typename T>
@@ -184,16 +190,16 @@ ring::Result RingAllReduce(ring::Member* member, uint64_t instance, T* data, int
   std::vector<int64> count(size, n / size), offset(size, 0);
   for (int i = 0; i < n % size; ++i) ++count[i];
   for (int i = 1; i < size; ++i) offset[i] = offset[i - 1] + count[i - 1];
-  std::vector<T> incoming(size > 1 ? count[0] : 0);
+  T* incoming = reinterpret_cast<T*>(member->Scratch(0, count[0] * sizeof(T)));
   auto chunk = [&](int i) { return ((i % size) + size) % size; };
   uint64_t step = 0;
   for (int s = 0; s < size - 1; ++s, ++step) {
     int out = chunk(rank - s), in = chunk(rank - s - 1);
     ring::Result r = member->Exchange(
         instance, step, reinterpret_cast<const char*>(data + offset[out]), count[out] * sizeof(T),
-        reinterpret_cast<char*>(incoming.data()), count[in] * sizeof(T), timeout);
+        reinterpret_cast<char*>(incoming), count[in] * sizeof(T), timeout);
     if (!r.ok()) return r;
-    Arith<T>::Add(data + offset[in], incoming.data(), count[in]);
+    Arith<T>::Add(data + offset[in], incoming, count[in]);
   }
   int owned = chunk(rank + 1);
   if (mean) Arith<T>::Divide(data + offset[owned], count[owned], size);
@@ -217,30 +223,31 @@ ring::Result RingAllReduceHalfWire(ring::Member* member, uint64_t instance, floa
   std::vector<int64> count(size, n / size), offset(size, 0);
   for (int i = 0; i < n % size; ++i) ++count[i];
   for (int i = 1; i < size; ++i) offset[i] = offset[i - 1] + count[i - 1];
-  std::vector<uint16_t> out_half(count[0]), in_half(count[0]);
+  uint16_t* out_half = reinterpret_cast<uint16_t*>(member->Scratch(0, count[0] * 2));
+  uint16_t* in_half = reinterpret_cast<uint16_t*>(member->Scratch(1, count[0] * 2));
   auto chunk = [&](int i) { return ((i % size) + size) % size; };
   const float inverse = 1.0f / scale;
   uint64_t step = 0;
   for (int s = 0; s < size - 1; ++s, ++step) {
     int out = chunk(rank - s), in = chunk(rank - s - 1);
-    half_convert::ToHalf(data + offset[out], out_half.data(), count[out], scale);
+    half_convert::ToHalf(data + offset[out], out_half, count[out], scale);
     ring::Result r = member->Exchange(
-        instance, step, reinterpret_cast<const char*>(out_half.data()), count[out] * 2,
-        reinterpret_cast<char*>(in_half.data()), count[in] * 2, timeout);
+        instance, step, reinterpret_cast<const char*>(out_half), count[out] * 2,
+        reinterpret_cast<char*>(in_half), count[in] * 2, timeout);
     if (!r.ok()) return r;
-    half_convert::AddFromHalf(in_half.data(), data + offset[in], count[in], inverse);
+    half_convert::AddFromHalf(in_half, data + offset[in], count[in], inverse);
   }
   int owned = chunk(rank + 1);
   const float owned_scale = mean ? scale / size : scale;
-  half_convert::ToHalf(data + offset[owned], out_half.data(), count[owned], owned_scale);
-  half_convert::FromHalf(out_half.data(), data + offset[owned], count[owned], inverse);
+  half_convert::ToHalf(data + offset[owned], out_half, count[owned], owned_scale);
+  half_convert::FromHalf(out_half, data + offset[owned], count[owned], inverse);
   for (int s = 0; s < size - 1; ++s, ++step) {
     int out = chunk(rank - s + 1), in = chunk(rank - s);
     ring::Result r = member->Exchange(
-        instance, step, reinterpret_cast<const char*>(out_half.data()), count[out] * 2,
-        reinterpret_cast<char*>(in_half.data()), count[in] * 2, timeout);
+        instance, step, reinterpret_cast<const char*>(out_half), count[out] * 2,
+        reinterpret_cast<char*>(in_half), count[in] * 2, timeout);
     if (!r.ok()) return r;
-    half_convert::FromHalf(in_half.data(), data + offset[in], count[in], inverse);
+    half_convert::FromHalf(in_half, data + offset[in], count[in], inverse);
     std::swap(out_half, in_half);  // forward the received bits unchanged next step
   }
   return ring::Result::Ok();

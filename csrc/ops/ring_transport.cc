@@ -8,12 +8,14 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -23,6 +25,12 @@ namespace {
 
 const uint64_t kMagic = 0x45504c52494e4731ULL;  // "EPLRING1"
 const int kSocketBuffer = 4 << 20;
+const size_t kShmCapacity = 2 << 20;  // per upgraded link
+// Waiting on shared-memory links: re-check, yielding the core to any runnable
+// thread in between, for this long; then sleep in short naps, so a member
+// waiting for a slow peer leaves its core to the training threads.
+const double kSpinSeconds = 1e-3;
+const long kNapNanoseconds = 50000;
 
 double Now() {
   using Clock = std::chrono::steady_clock;
@@ -88,6 +96,18 @@ uint64_t Hash(const std::string& text) {
   return h;
 }
 
+// Sent to the successor after the TCP handshake; nonce 0 means "stay on TCP".
+struct ShmOffer {
+  uint64_t magic;
+  uint64_t nonce;
+  char name[64];
+};
+
+uint64_t RandomNonce() {
+  std::random_device device;
+  return ((static_cast<uint64_t>(device()) << 32) ^ device()) | 1;
+}
+
 }  // namespace
 
 Member::Member(const std::string& communicator, int rank, int size)
@@ -135,8 +155,51 @@ std::string Member::PeerName(int peer) const {
 }
 
 void Member::CloseRing() {
+  next_shm_.reset();
+  prev_shm_.reset();
   CloseFd(&next_fd_);
   CloseFd(&prev_fd_);
+}
+
+char* Member::Scratch(int slot, size_t bytes) {
+  std::vector<char>& buffer = scratch_[slot];
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer.data();
+}
+
+int Member::LinkState() const {
+  return (connected() ? 1 : 0) | (next_shm_ ? 2 : 0) | (prev_shm_ ? 4 : 0);
+}
+
+// Offers the successor a shared-memory segment and answers the predecessor's
+// offer. A link is upgraded only when its consumer mapped the segment and said
+// so, so both ends always agree on how each link carries bytes.
+Result Member::UpgradeLinks(bool shared_memory, double deadline) {
+  ShmOffer offer{};
+  offer.magic = kMagic;
+  std::string name, why;
+  std::unique_ptr<ShmQueue> mine;
+  if (shared_memory) {
+    offer.nonce = RandomNonce();
+    mine = ShmQueue::Create(offer.nonce, kShmCapacity, &name, &why);
+    if (mine) std::strncpy(offer.name, name.c_str(), sizeof(offer.name) - 1);
+    else offer.nonce = 0;
+  }
+  ShmOffer theirs{};
+  uint64_t accepted = 0, answer = 0;
+  Result r = SendAll(next_fd_, reinterpret_cast<const char*>(&offer), sizeof(offer), deadline);
+  if (r.ok()) r = RecvAll(prev_fd_, reinterpret_cast<char*>(&theirs), sizeof(theirs), deadline);
+  if (r.ok() && theirs.magic != kMagic) r = Result::Fail("bad link offer from predecessor");
+  if (r.ok() && shared_memory && theirs.nonce != 0) {
+    theirs.name[sizeof(theirs.name) - 1] = 0;
+    prev_shm_ = ShmQueue::Open(theirs.name, theirs.nonce, &why);
+    accepted = prev_shm_ ? 1 : 0;
+  }
+  if (r.ok()) r = SendAll(prev_fd_, reinterpret_cast<const char*>(&accepted), 8, deadline);
+  if (r.ok()) r = RecvAll(next_fd_, reinterpret_cast<char*>(&answer), 8, deadline);
+  ShmQueue::Unlink(name);
+  if (r.ok() && answer == 1) next_shm_ = std::move(mine);
+  return r;
 }
 
 Result Member::Listen(int* port) {
@@ -216,7 +279,7 @@ Result Member::AcceptPrev(double timeout) {
 }
 
 Result Member::Connect(const std::vector<int>& ports, const std::vector<std::string>& hosts,
-                       double timeout) {
+                       double timeout, bool shared_memory) {
   std::lock_guard<std::mutex> lock(setup_mu_);
   if (size_ == 1) return Result::Ok();
   if (connected() && ports == ports_ && hosts == hosts_) return Result::Ok();
@@ -239,6 +302,11 @@ Result Member::Connect(const std::vector<int>& ports, const std::vector<std::str
     CloseRing();
     return accept_result;
   }
+  Result upgrade = UpgradeLinks(shared_memory, Now() + timeout);
+  if (!upgrade.ok()) {
+    CloseRing();
+    return Result::Fail("setting up the links with " + PeerName(next) + ": " + upgrade.error);
+  }
   return Result::Ok();
 }
 
@@ -256,6 +324,56 @@ Result Member::Exchange(uint64_t instance, uint64_t step, const char* send_data,
   return result;
 }
 
+long Member::SendSome(const char* data, size_t bytes, std::string* error) {
+  if (next_shm_) return static_cast<long>(next_shm_->Push(data, bytes));
+  ssize_t n = send(next_fd_, data, bytes, MSG_NOSIGNAL);
+  if (n >= 0) return n;
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+  *error = Errno("send to " + PeerName((rank_ + 1) % size_));
+  return -1;
+}
+
+long Member::RecvSome(char* data, size_t bytes, std::string* error) {
+  if (prev_shm_) return static_cast<long>(prev_shm_->Pop(data, bytes));
+  if (bytes == 0) return 0;
+  ssize_t n = recv(prev_fd_, data, bytes, 0);
+  if (n > 0) return n;
+  int prev = (rank_ + size_ - 1) % size_;
+  if (n == 0) {
+    *error = PeerName(prev) + " closed the connection";
+    return -1;
+  }
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+  *error = Errno("recv from " + PeerName(prev));
+  return -1;
+}
+
+// Blocks until a link may move bytes. TCP links wait in poll(). Shared-memory
+// links cannot wake poll(), so they are re-checked after short naps; their TCP
+// sockets are watched meanwhile: the peer never writes to them after the
+// handshake, so a readable socket means the peer's process has gone.
+Result Member::WaitForLinks(bool want_send, bool want_recv, double idle_seconds) {
+  short next_events = next_shm_ ? POLLIN : (want_send ? POLLOUT : 0);
+  short prev_events = prev_shm_ ? POLLIN : (want_recv ? POLLIN : 0);
+  pollfd fds[2] = {{next_fd_, next_events, 0}, {prev_fd_, prev_events, 0}};
+  int ready;
+  if (!next_shm_ && !prev_shm_) {
+    ready = poll(fds, 2, 200);
+  } else {
+    bool spin = idle_seconds < kSpinSeconds;
+    timespec nap{0, spin ? 0 : kNapNanoseconds};
+    ready = ppoll(fds, 2, &nap, nullptr);
+    if (spin) sched_yield();
+  }
+  if (ready < 0 && errno != EINTR) return Result::Fail(Errno("poll"));
+  const short gone = POLLIN | POLLHUP | POLLERR;
+  if (next_shm_ && (fds[0].revents & gone))
+    return Result::Fail(PeerName((rank_ + 1) % size_) + " closed the connection");
+  if (prev_shm_ && (fds[1].revents & gone))
+    return Result::Fail(PeerName((rank_ + size_ - 1) % size_) + " closed the connection");
+  return Result::Ok();
+}
+
 Result Member::ExchangeOnce(uint64_t instance, uint64_t step, const char* send_data,
                             size_t send_bytes, char* recv_data, size_t recv_bytes,
                             double timeout) {
@@ -268,48 +386,53 @@ Result Member::ExchangeOnce(uint64_t instance, uint64_t step, const char* send_d
   int out_part = 0, in_part = 0;
   size_t out_done = 0, in_done = 0;
   double last_progress = Now();
+  std::string error;
   while (out_part < 2 || in_part < 2) {
-    pollfd fds[2] = {{next_fd_, static_cast<short>(out_part < 2 ? POLLOUT : 0), 0},
-                     {prev_fd_, static_cast<short>(in_part < 2 ? POLLIN : 0), 0}};
-    int ready = poll(fds, 2, 200);
-    if (ready < 0 && errno != EINTR) return Result::Fail(Errno("poll"));
     bool progress = false;
-    if (out_part < 2 && (fds[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      ssize_t n = send(next_fd_, out_parts[out_part] + out_done, out_sizes[out_part] - out_done,
-                       MSG_NOSIGNAL);
-      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        return Result::Fail(Errno("send to " + PeerName((rank_ + 1) % size_)));
-      if (n > 0) { out_done += n; progress = true; }
-      while (out_part < 2 && out_done == out_sizes[out_part]) { ++out_part; out_done = 0; }
+    if (out_part < 2) {
+      long n = SendSome(out_parts[out_part] + out_done, out_sizes[out_part] - out_done, &error);
+      if (n < 0) return Result::Fail(error);
+      out_done += n;
+      progress = n > 0;
+      while (out_part < 2 && out_done == out_sizes[out_part]) {
+        ++out_part;
+        out_done = 0;
+        progress = true;
+      }
     }
-    if (in_part < 2 && (fds[1].revents & (POLLIN | POLLERR | POLLHUP))) {
-      ssize_t n = recv(prev_fd_, in_parts[in_part] + in_done, in_sizes[in_part] - in_done, 0);
-      int prev = (rank_ + size_ - 1) % size_;
-      if (n == 0) return Result::Fail(PeerName(prev) + " closed the connection");
-      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        return Result::Fail(Errno("recv from " + PeerName(prev)));
-      if (n > 0) { in_done += n; progress = true; }
+    if (in_part < 2) {
+      long n = RecvSome(in_parts[in_part] + in_done, in_sizes[in_part] - in_done, &error);
+      if (n < 0) return Result::Fail(error);
+      in_done += n;
+      progress = progress || n > 0;
       while (in_part < 2 && in_done == in_sizes[in_part]) {
         if (in_part == 0 && (in.magic != kMagic || in.instance != instance || in.step != step ||
                              in.bytes != recv_bytes)) {
           std::ostringstream msg;
-          msg << PeerName(prev) << " is running a different collective (instance " << in.instance
-              << " step " << in.step << ", " << in.bytes << " bytes) than this member (instance "
-              << instance << " step " << step << ", " << recv_bytes << " bytes)";
+          msg << PeerName((rank_ + size_ - 1) % size_) << " is running a different collective "
+              << "(instance " << in.instance << " step " << in.step << ", " << in.bytes
+              << " bytes) than this member (instance " << instance << " step " << step << ", "
+              << recv_bytes << " bytes)";
           return Result::Fail(msg.str());
         }
         ++in_part;
         in_done = 0;
+        progress = true;
       }
     }
+    double now = Now();
     if (progress) {
-      last_progress = Now();
-    } else if (Now() - last_progress > timeout) {
+      last_progress = now;
+      continue;
+    }
+    if (now - last_progress > timeout) {
       std::ostringstream msg;
       msg << "no progress for " << timeout << " s exchanging with "
           << PeerName((rank_ + 1) % size_) << " / " << PeerName((rank_ + size_ - 1) % size_);
       return Result::Fail(msg.str());
     }
+    Result waited = WaitForLinks(out_part < 2, in_part < 2, now - last_progress);
+    if (!waited.ok()) return waited;
   }
   return Result::Ok();
 }

@@ -6,6 +6,12 @@
 // receives from its predecessor at the same time without extra threads, and a
 // peer that stops responding turns into an error after `timeout` seconds
 // instead of a hang.
+//
+// After the TCP handshake, each link (member -> successor) is upgraded to a
+// shared-memory queue when both ends can map the same segment, which is the
+// case exactly when they run on the same host (see shm_queue.h). The TCP
+// connection stays open beside it: its closing tells a member that the peer's
+// process is gone. Links that cannot be upgraded keep using TCP.
 #ifndef EPL_CSRC_OPS_RING_TRANSPORT_H_
 #define EPL_CSRC_OPS_RING_TRANSPORT_H_
 
@@ -18,6 +24,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "shm_queue.h"
 
 namespace epl {
 namespace ring {
@@ -50,10 +58,11 @@ class Member {
 
   // Binds 0.0.0.0:0 (once) and returns the port to publish to the other members.
   Result Listen(int* port);
-  // Connects to the successor and accepts the predecessor. Idempotent for the
-  // same ports; reconnects if the published ports changed.
+  // Connects to the successor and accepts the predecessor, then upgrades the
+  // links to shared memory where possible (when `shared_memory`). Idempotent for
+  // the same ports; reconnects if the published ports changed.
   Result Connect(const std::vector<int>& ports, const std::vector<std::string>& hosts,
-                 double timeout);
+                 double timeout, bool shared_memory);
   // Sends `send_bytes` to the successor while receiving `recv_bytes` from the
   // predecessor; both framed with a Header checked against (instance, step).
   Result Exchange(uint64_t instance, uint64_t step, const char* send, size_t send_bytes,
@@ -63,7 +72,15 @@ class Member {
   // one member never run concurrently, and none occupies a TF executor thread.
   void Submit(std::function<void()> work);
 
+  // Reusable buffers (slot 0 or 1) for this member's collectives, which run one
+  // at a time on its thread: a fresh multi-megabyte buffer per collective would
+  // page-fault through all of its memory on every training step.
+  char* Scratch(int slot, size_t bytes);
+
   bool connected() const { return next_fd_ >= 0 && prev_fd_ >= 0; }
+  // Bit 0: connected; bit 1: link to the successor uses shared memory;
+  // bit 2: link from the predecessor uses shared memory.
+  int LinkState() const;
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& communicator() const { return communicator_; }
@@ -76,6 +93,10 @@ class Member {
                       char* recv, size_t recv_bytes, double timeout);
   Result ConnectNext(const std::string& host, int port, double timeout);
   Result AcceptPrev(double timeout);
+  Result UpgradeLinks(bool shared_memory, double deadline);
+  long SendSome(const char* data, size_t bytes, std::string* error);
+  long RecvSome(char* data, size_t bytes, std::string* error);
+  Result WaitForLinks(bool want_send, bool want_recv, double idle_seconds);
 
   std::string communicator_;
   int rank_;
@@ -84,6 +105,9 @@ class Member {
   int listen_port_ = 0;
   int next_fd_ = -1;
   int prev_fd_ = -1;
+  std::unique_ptr<ShmQueue> next_shm_;  // set when the link to the successor is upgraded
+  std::unique_ptr<ShmQueue> prev_shm_;  // set when the link from the predecessor is upgraded
+  std::vector<char> scratch_[2];
   std::vector<int> ports_;
   std::vector<std::string> hosts_;
   std::mutex setup_mu_;

@@ -12,6 +12,10 @@ dependencies in creation order, which is identical on every worker, so all
 members run a group's collectives in the same order. Operations other than
 all-reduce are delegated to the TF collective backend.
 
+Members on the same host move bytes through shared-memory queues instead of
+loopback TCP (one copy in, one copy out, no TCP stack), after the TCP
+handshake; ``EPL_RING_SHARED_MEMORY=0`` keeps every link on TCP.
+
 Select it with ``EPL_COLLECTIVE_BACKEND=auto`` (default: used for all-CPU
 groups when the op library is built), ``ring`` (required) or ``tf`` (never;
 this also turns off the NCCL backend).
@@ -23,6 +27,7 @@ from epl.communicators.tf_collective import TFCollectiveBackend
 from epl.tf_adapter import tf
 
 BACKEND_ENV = "EPL_COLLECTIVE_BACKEND"
+SHARED_MEMORY_ENV = "EPL_RING_SHARED_MEMORY"
 
 
 def backend_choice():
@@ -35,6 +40,14 @@ def _choice():
     if value not in ("auto", "ring", "tf"):
         raise ValueError("%s=%r: expected auto, ring or tf" % (BACKEND_ENV, value))
     return value
+
+
+def shared_memory_choice():
+    """``EPL_RING_SHARED_MEMORY``: 1 (default) upgrades same-host links, 0 keeps TCP."""
+    value = os.environ.get(SHARED_MEMORY_ENV, "1").strip().lower() or "1"
+    if value not in ("0", "1", "true", "false"):
+        raise ValueError("%s=%r: expected 1 or 0" % (SHARED_MEMORY_ENV, value))
+    return value in ("1", "true")
 
 
 def _task(device):
@@ -92,6 +105,7 @@ class RingBackend(TFCollectiveBackend):
     def setup_ops(self, group):
         """Listen -> all-gather ports -> connect, for each member this graph uses."""
         ops, name = library.load(), self._ring_name(group)
+        shared_memory = shared_memory_choice()
         hosts = [self._hosts[_task(d)] for d in group.devices]
         result = []
         for device in self._members:
@@ -103,5 +117,5 @@ class RingBackend(TFCollectiveBackend):
             with tf.device(device), tf.name_scope("EPL_RING_SETUP"):
                 result.append(ops.epl_ring_connect(
                     ports, communicator=name, rank=rank, size=group.size, hosts=hosts,
-                    timeout_seconds=self._timeout).op)
+                    timeout_seconds=self._timeout, shared_memory=shared_memory).op)
         return result

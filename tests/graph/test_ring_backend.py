@@ -1,4 +1,5 @@
 """EPL's TCP ring backend on local virtual CPU devices: results, fp16 wire, timeouts."""
+import os
 import time
 
 import numpy as np
@@ -73,3 +74,39 @@ def test_a_missing_member_is_an_error_not_a_hang():
             assert time.time() - start < 20
             with pytest.raises(tf.errors.DeadlineExceededError, match="ring not connected"):
                 sess.run(reduces[0])  # fails fast now instead of reading stale bytes
+
+
+def _connect_states(setup):
+    return [op.outputs[0] for op in setup if op.type == "EplRingConnect"]
+
+
+@pytest.mark.parametrize("shared_memory,expected", [("1", 7), ("0", 1)])
+def test_links_use_shared_memory_on_one_host_unless_turned_off(monkeypatch, shared_memory,
+                                                               expected):
+    """Connect reports 1 (connected) + 2/4 (outgoing/incoming link in shared memory);
+    both transports give bit-identical sums, and no segment name outlives setup."""
+    monkeypatch.setenv("EPL_RING_SHARED_MEMORY", shared_memory)
+    values = [np.arange(50001, dtype=np.float32) * (r + 1) for r in range(3)]
+    with tf.Graph().as_default():
+        comm = _ring(3, name="ring_links_" + shared_memory)
+        sums = [comm.all_reduce(tf.constant(v), d, "links", mean=False)
+                for v, d in zip(values, comm.devices)]
+        setup = comm.setup_ops()
+        with _session(3) as sess:
+            states = sess.run(_connect_states(setup))
+            got = sess.run(sums)
+    assert states == [expected] * 3
+    for result in got:
+        np.testing.assert_array_equal(result, np.arange(50001, dtype=np.float32) * 6)
+    if os.path.isdir("/dev/shm"):
+        mine = "epl-ring-%d-" % os.getpid()
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(mine)]
+
+
+def test_bad_shared_memory_setting_is_named(monkeypatch):
+    monkeypatch.setenv("EPL_RING_SHARED_MEMORY", "maybe")
+    with tf.Graph().as_default():
+        comm = _ring(2, name="ring_bad_env")
+        comm.all_reduce(tf.constant([1.0]), comm.devices[0], "x")
+        with pytest.raises(ValueError, match="EPL_RING_SHARED_MEMORY='maybe': expected 1 or 0"):
+            comm.setup_ops()

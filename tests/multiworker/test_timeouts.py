@@ -41,6 +41,35 @@ def test_worker_that_never_joins_is_named():
     assert time.time() - start < 60
 
 
+def _start_worker(index, hosts, extra_env, mode):
+    env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": hosts},
+                                                 "task": {"type": "worker", "index": index}}),
+               EPL_NUM_VIRTUAL_DEVICES="1", **extra_env)
+    return subprocess.Popen([sys.executable, SCRIPT, mode], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("shared_memory", ["1", "0"])
+def test_peer_process_exit_fails_the_ring_fast(shared_memory):
+    """A peer that exits mid-training is reported long before the 60 s timeout, on
+    shared-memory links (watched through their TCP socket) as on TCP ones."""
+    hosts = ["127.0.0.1:%d" % p for p in free_ports(2)]
+    extra = {"EPL_COMMUNICATION_TIMEOUT": "60", "EPL_RING_SHARED_MEMORY": shared_memory}
+    start = time.time()
+    procs = [_start_worker(i, hosts, extra, "die") for i in range(2)]
+    try:
+        outputs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[1].returncode == 3, outputs[1][-2000:]
+    assert procs[0].returncode != 0, outputs[0][-2000:]
+    assert "rank 1 (127.0.0.1:" in outputs[0] and "closed the connection" in outputs[0], \
+        outputs[0][-3000:]
+    assert time.time() - start < 55
+
+
 @pytest.mark.timeout(150)
 def test_stalled_collective_stops_the_job_with_the_group_named(tmp_path, monkeypatch):
     monkeypatch.setenv("EPL_COMMUNICATION_TIMEOUT", "5")

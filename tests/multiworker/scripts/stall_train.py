@@ -2,7 +2,8 @@
 
 Usage: stall_train.py MODE. MODE "stall": worker 1 starts its server but never
 runs a step (so worker 0's collectives wait for it). MODE "solo": run as the
-only process of a 2-worker TF_CONFIG (worker 1 never joins).
+only process of a 2-worker TF_CONFIG (worker 1 never joins). MODE "die": both
+train; worker 1's process exits (code 3) after two steps, worker 0 keeps going.
 """
 import os
 import sys
@@ -29,6 +30,13 @@ def main(mode):
     train = train_step(loss)
     with tf.train.MonitoredTrainingSession() as sess:
         sess.run(train)
+        if mode == "die":
+            sess.run(train)
+            if index == 1:
+                print("worker 1 exits now", flush=True)
+                os._exit(3)
+            for _ in range(200):
+                sess.run(train)
     print("worker %d trained" % index)
 
 
