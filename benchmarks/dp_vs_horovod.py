@@ -46,33 +46,22 @@ import sys
 import time
 
 import common
+from dp_vs_horovod_report import (DISTURBED_CPUS, KEYS, MIN_WINDOW_STEPS, TARGET_EFFICIENCY,
+                                  TARGET_VS_HOROVOD, config_label, markdown, observations,
+                                  scaled, targets, verdicts, _cpu)
 
 NAME = "dp_vs_horovod"
 EPL_WORKER = os.path.join(common.HERE, "dp_worker.py")
 HVD_WORKER = os.path.join(common.HERE, "hvd_worker.py")
 MODELS = ("mlp", "cnn")
 WORKERS = 2
-REFERENCE_BATCH = 64            # --steps is the window length at this batch
-MIN_WINDOW_STEPS = 3
-TARGET_VS_HOROVOD = 1.2
-TARGET_EFFICIENCY = 0.9
-DISTURBED_CPUS = common.DISTURBED_CPUS
-KEYS = ("max_splits", "fp16", "num_communicators")
 FULL_SWEEP = [c for c in itertools.product((1, 5, 20), (False, True), (1, 2))
               if not (c[0] == 1 and c[2] > 1)]
 QUICK_SWEEP = [(1, False, 1), (1, True, 1), (20, False, 2), (20, True, 2)]
-MODEL_NOTES = {
-    "mlp": "MLP: 784 -> 8 x dense(512, ReLU) -> 10 (2.25 M parameters)",
-    "cnn": "CNN: 32x32x3 -> conv3x3(32)-maxpool-conv3x3(64)-maxpool-dense(128)-10",
-}
-KIND_TITLES = {"plain": "single process (plain TF)", "epl_default": "EPL default",
-               "epl_tuned": "EPL tuned", "horovod": "Horovod (gloo)"}
-# Communication ops that run once per session (variable broadcast, ring set-up), not per step.
-SETUP_OPS = ("CollectiveBcastSend", "CollectiveBcastRecv", "EplRingListen", "EplRingConnect",
-             "CollectiveGather")
 BENCH_DEPS_HINT = "Horovod is not usable from %s (%s); run `make bench-deps`"
 # Communication op types -> the all-reduce backend EPL picked (dp_worker reports op types).
-BACKEND_OPS = (("EplRingAllReduce", "EPL ring (TCP)"), ("EplNcclAllReduce", "NCCL"),
+BACKEND_OPS = (("EplRingAllReduce", "EPL ring (shared-memory links on one host)"),
+               ("EplNcclAllReduce", "NCCL"),
                ("CollectiveReduce", "TF collectives (gRPC)"),
                ("CollectiveGather", "TF collectives (gRPC)"))
 
@@ -118,20 +107,6 @@ def parse_args(argv):
     args.batch = args.batch or ([64] if args.quick else [64, 512, 2048])
     args.sweep = [dict(zip(KEYS, c)) for c in (QUICK_SWEEP if args.quick else FULL_SWEEP)]
     return args
-
-
-def scaled(count, batch, minimum):
-    """A step count given for batch 64, proportionally lower at bigger batches (windows
-    then hold about as many samples; warm-up costs are per step), never below
-    ``minimum``."""
-    if batch <= REFERENCE_BATCH or count < minimum:
-        return count
-    return max(minimum, int(round(count * REFERENCE_BATCH / float(batch))))
-
-
-def config_label(config):
-    return "max_splits=%d fp16=%d comms=%d" % (config["max_splits"], config["fp16"],
-                                               config["num_communicators"])
 
 
 def config_env(config):
@@ -187,6 +162,10 @@ def run_job(args, runner, kind, model, batch, config, echo):
         workers, pattern = 1, common.SINGLE_LINE
         result = common.run_command([sys.executable, HVD_WORKER, "--mode", "plain"] + wargs,
                                     args.timeout, echo=echo, drop_env=dropped)
+    elif kind == "plain_pair":  # the launcher only starts them; each trains on its own
+        workers, pattern = WORKERS, common.WORKER_LINE
+        result = common.launch(HVD_WORKER, ["--mode", "plain"] + wargs, WORKERS, 1,
+                               args.timeout, echo=echo, drop_env=dropped)
     elif kind == "horovod":
         workers, pattern = WORKERS, common.HOROVOD_LINE
         argv = [runner, "-np", WORKERS, "-H", "localhost:%d" % WORKERS, "--gloo",
@@ -202,11 +181,15 @@ def run_job(args, runner, kind, model, batch, config, echo):
         common.raise_failure(result, what, workers, pattern)
     first = bench[0]
     problems = []
-    if first.get("workers") != workers:
+    expected = 1 if kind.startswith("plain") else workers
+    if first.get("workers") != expected:
         problems.append("worker 0 reports %r workers, expected %d" % (first.get("workers"),
-                                                                      workers))
-    if kind == "plain" and (first.get("epl_imported") or first.get("horovod_imported")):
-        problems.append("the single process imported EPL or Horovod")
+                                                                      expected))
+    if kind.startswith("plain") and any(b.get("epl_imported") or b.get("horovod_imported")
+                                        for b in bench.values()):
+        problems.append("a plain process imported EPL or Horovod")
+    if kind == "plain_pair":
+        first = pair_totals([bench[w] for w in sorted(bench)])
     if kind == "epl":
         effective = dict((k, first["communication"]["communication." + k]) for k in KEYS)
         if config is not None and effective != config:
@@ -223,6 +206,14 @@ def run_job(args, runner, kind, model, batch, config, echo):
             "all_workers": all_workers,
             "other_process_cpus": common.foreign_cpus(all_workers),
             "disturbance_limit": common.disturbance_limit(workers)}
+
+
+def pair_totals(benches):
+    """Two independent processes: samples/s (median, min, max) summed over both."""
+    total = dict(benches[0])
+    for key in ("samples_per_sec", "samples_per_sec_min", "samples_per_sec_max"):
+        total[key] = sum(b[key] for b in benches)
+    return total
 
 
 def run_robust(args, runner, kind, model, batch, config, echo, hangs):
@@ -269,7 +260,8 @@ def measure(args, runner, echo, progress, hangs):
             runs.append(run)
             progress(run)
             return run
-        pairs = {"plain": [go("plain")], "horovod": [go("horovod")]}
+        pairs = {"plain": [go("plain")], "plain_pair": [go("plain_pair")],
+                 "horovod": [go("horovod")]}
         default = go("epl", role="epl_default")
         sweep = [default]
         for config in args.sweep:
@@ -284,8 +276,8 @@ def measure(args, runner, echo, progress, hangs):
         # the sweep), and in each pair the faster run counts.
         pairs["epl_tuned"] = [go("epl", best["config"], role="epl_tuned")]
         pairs["epl_default"] = [default]
-        for kind in ("plain", "horovod", "epl_default", "epl_tuned"):
-            pairs[kind].append(go(kind) if kind in ("plain", "horovod") else
+        for kind in ("plain", "plain_pair", "horovod", "epl_default", "epl_tuned"):
+            pairs[kind].append(go(kind) if kind in ("plain", "plain_pair", "horovod") else
                                go("epl", None if kind == "epl_default" else best["config"],
                                   role=kind))
             pairs[kind].sort(key=lambda r: -r["bench"]["samples_per_sec"])
@@ -294,252 +286,14 @@ def measure(args, runner, echo, progress, hangs):
         tuned = pairs["epl_tuned"][0]
         tuned["sweep_samples_per_sec"] = best["bench"]["samples_per_sec"]
         plain, horovod = pairs["plain"][0], pairs["horovod"][0]
+        pair = pairs["plain_pair"][0]
         for run in sum(pairs.values(), []) + sweep[1:]:
-            run["scaling_efficiency"] = run["bench"]["samples_per_sec"] / (
-                WORKERS * plain["bench"]["samples_per_sec"])
-            run["vs_horovod"] = run["bench"]["samples_per_sec"] / \
-                horovod["bench"]["samples_per_sec"]
+            rate = run["bench"]["samples_per_sec"]
+            run["scaling_efficiency"] = rate / (WORKERS * plain["bench"]["samples_per_sec"])
+            run["vs_horovod"] = rate / horovod["bench"]["samples_per_sec"]
+            run["vs_plain_pair"] = rate / pair["bench"]["samples_per_sec"]
         plain["scaling_efficiency"] = None
     return runs
-
-
-def find(runs, model, batch, role):
-    return [r for r in runs if (r["model"], r["batch_per_worker"], r["role"])
-            == (model, batch, role)]
-
-
-def targets(runs, models, batches):
-    """Per model and batch: EPL tuned (re-run) and EPL default against both targets."""
-    result = []
-    for model, batch in itertools.product(models, batches):
-        row = {"model": model, "batch_per_worker": batch}
-        for role in ("epl_tuned", "epl_default"):
-            run = find(runs, model, batch, role)[0]
-            row[role] = {"config": run["config"], "vs_horovod": run["vs_horovod"],
-                         "scaling_efficiency": run["scaling_efficiency"],
-                         "vs_horovod_met": run["vs_horovod"] >= TARGET_VS_HOROVOD,
-                         "efficiency_met": run["scaling_efficiency"] >= TARGET_EFFICIENCY}
-        result.append(row)
-    return result
-
-
-def _rate(bench):
-    return "%.0f (%.0f-%.0f)" % (bench["samples_per_sec"], bench["samples_per_sec_min"],
-                                 bench["samples_per_sec_max"])
-
-
-def _cpu(run):
-    other = run["other_process_cpus"]
-    return "%s / %s" % ("/".join("%.2f" % b["cpu_per_wall"] for b in run["all_workers"]),
-                        "?" if other is None else "%.2f" % other)
-
-
-def summary_table(runs, model, batch):
-    headers = ["setup", "EPL settings", "samples/s (min-max)", "other measurement",
-               "step ms", "scaling efficiency", "x Horovod",
-               "CPU/wall per worker / other processes' CPUs"]
-    rows = []
-    for role in ("plain", "epl_default", "epl_tuned", "horovod"):
-        run = find(runs, model, batch, role)[0]
-        eff = run["scaling_efficiency"]
-        other = run.get("other_samples_per_sec")
-        other = None if other is None else "%.0f (slower run)%s" % (
-            other, "; sweep: %.0f" % run["sweep_samples_per_sec"] if role == "epl_tuned" else "")
-        rows.append([KIND_TITLES[role], config_label(run["config"]) if run["config"] else "-",
-                     _rate(run["bench"]),
-                     other or "-",
-                     "%.1f" % run["bench"]["step_ms"],
-                     "1.00 (reference, 1 process)" if eff is None else "%.2f" % eff,
-                     "-" if role == "plain" else "%.2f" % run["vs_horovod"], _cpu(run)])
-    return common.markdown_table(headers, rows)
-
-
-def sweep_table(runs, model, batch):
-    headers = ["max_splits", "fp16", "num_communicators", "gradient ops", "samples/s (min-max)",
-               "step ms", "scaling efficiency", "x Horovod", "CPU/wall / other CPUs", ""]
-    rows = []
-    sweep = [r for r in runs if r.get("in_sweep") and (r["model"], r["batch_per_worker"])
-             == (model, batch)]
-    for run in sorted(sweep, key=lambda r: tuple(r["config"][k] for k in KEYS)):
-        ops = dict((t, n) for t, n in (run["bench"].get("collective_ops") or {}).items()
-                   if t not in SETUP_OPS)
-        marks = [m for m, on in (("default", run is sweep[0]),
-                                 ("**best -> EPL tuned**", run.get("best_in_sweep"))) if on]
-        rows.append([run["config"]["max_splits"], int(run["config"]["fp16"]),
-                     run["config"]["num_communicators"],
-                     ", ".join("%s x%d" % (t.replace("Collective", ""), n)
-                               for t, n in sorted(ops.items())) or "-",
-                     _rate(run["bench"]), "%.1f" % run["bench"]["step_ms"],
-                     "%.2f" % run["scaling_efficiency"], "%.2f" % run["vs_horovod"], _cpu(run),
-                     ", ".join(marks)])
-    return common.markdown_table(headers, rows)
-
-
-def targets_table(rows):
-    def verdict(value, target, met, fmt):
-        return (fmt % value) + (" yes" if met else " **NO**") + (" (>= " + fmt % target + ")")
-    headers = ["model", "batch/worker", "EPL tuned x Horovod", "EPL tuned efficiency",
-               "EPL default x Horovod", "EPL default efficiency"]
-    body = []
-    for row in rows:
-        cells = [row["model"], row["batch_per_worker"]]
-        for role in ("epl_tuned", "epl_default"):
-            r = row[role]
-            cells += [verdict(r["vs_horovod"], TARGET_VS_HOROVOD, r["vs_horovod_met"], "%.2f"),
-                      verdict(r["scaling_efficiency"], TARGET_EFFICIENCY, r["efficiency_met"],
-                              "%.2f")]
-        body.append(cells)
-    return common.markdown_table(headers, body)
-
-
-def verdicts(rows, models):
-    """One sentence per model: is each target met, at which batch sizes."""
-    notes = []
-    for model in models:
-        mine = [r for r in rows if r["model"] == model]
-        parts = []
-        for key, title in (("vs_horovod_met", ">= %.1fx Horovod's samples/s" % TARGET_VS_HOROVOD),
-                           ("efficiency_met", "scaling efficiency >= %.1f" % TARGET_EFFICIENCY)):
-            met = [r["batch_per_worker"] for r in mine if r["epl_tuned"][key]]
-            missed = [r["batch_per_worker"] for r in mine if not r["epl_tuned"][key]]
-            parts.append("%s: %s" % (title, "MET at every measured batch" if not missed else
-                                     "NOT MET at batch %s%s" % (
-                                         ", ".join(map(str, missed)),
-                                         " (met at %s)" % ", ".join(map(str, met)) if met
-                                         else "")))
-        notes.append("**%s** (EPL tuned): %s." % (model, "; ".join(parts)))
-    return notes
-
-
-def observations(runs, models, batches):
-    """Step-time decomposition and noise warnings, derived from the numbers."""
-    notes = []
-    for model, batch in itertools.product(models, batches):
-        plain = find(runs, model, batch, "plain")[0]["bench"]
-        extra = []
-        for role in ("horovod", "epl_default", "epl_tuned"):
-            step = find(runs, model, batch, role)[0]["bench"]["step_ms"]
-            extra.append("%s %.1f ms (+%.1f)" % (KIND_TITLES[role], step,
-                                                 step - plain["step_ms"]))
-        notes.append("%s, batch %d: single-process step %.1f ms; 2-worker steps: %s; %.2f MB "
-                     "of float32 gradients averaged per step." % (
-                         model, batch, plain["step_ms"], ", ".join(extra),
-                         plain["params"] * 4 / 1e6))
-    spreads = []
-    for run in runs:
-        if run.get("other_samples_per_sec"):
-            spreads.append((run["bench"]["samples_per_sec"] / run["other_samples_per_sec"] - 1,
-                            "%s/%d %s" % (run["model"], run["batch_per_worker"], run["role"])))
-    if spreads:
-        spread, label = max(spreads)
-        notes.append("Run-to-run noise: two runs of the same setup differed by up to %.0f%% "
-                     "(%s; median %.0f%% over %d pairs). Differences between single runs "
-                     "smaller than that, e.g. between most sweep rows, are not significant."
-                     % (100 * spread, label, 100 * sorted(s for s, _ in spreads)[len(spreads) // 2],
-                        len(spreads)))
-    for model, batch in itertools.product(models, batches):
-        tuned = find(runs, model, batch, "epl_tuned")[0]
-        default = find(runs, model, batch, "epl_default")[0]
-        if tuned["config"] != default["config"] and \
-                tuned["bench"]["samples_per_sec"] < default["bench"]["samples_per_sec"]:
-            notes.append("%s, batch %d: EPL tuned (%s, best in the sweep) measured slower in "
-                         "its own runs than EPL default: the sweep's winner won by noise."
-                         % (model, batch, config_label(tuned["config"])))
-    unstable, disturbed, reruns = [], [], 0
-    for run in runs:
-        label = "%s/%d %s%s" % (run["model"], run["batch_per_worker"], run["role"],
-                                " (" + config_label(run["config"]) + ")" if run["config"]
-                                else "")
-        bench = run["bench"]
-        reruns += len(run.get("discarded_disturbed_runs", ()))
-        if bench["samples_per_sec_max"] > 1.25 * bench["samples_per_sec_min"]:
-            unstable.append("%s %.0f-%.0f" % (label, bench["samples_per_sec_min"],
-                                              bench["samples_per_sec_max"]))
-        if (run["other_process_cpus"] or 0.0) > run["disturbance_limit"]:
-            disturbed.append("%s %.2f" % (label, run["other_process_cpus"]))
-    notes.append("%d run(s) were repeated because other processes used more than %.2f CPUs "
-                 "(%.2f for the 1-process runs) while they were timed; the least disturbed run "
-                 "is kept." % (reruns, DISTURBED_CPUS, common.disturbance_limit(1)))
-    if disturbed:
-        notes.append("Still disturbed (other processes' CPUs while timed), compare these rows "
-                     "with care: " + "; ".join(disturbed) + ".")
-    if unstable:
-        notes.append("Windows differ by more than 25%% (samples/s min-max): %s."
-                     % "; ".join(unstable))
-    return notes
-
-
-def markdown(info, args, runs, target_rows, hangs):
-    """The report: provenance, targets, one section per (batch, model), notes."""
-    plain = runs[0]["bench"]
-    backends = sorted(set(r["backend"] for r in runs if r["kind"] == "epl"))
-    changes = info.get("epl_uncommitted_changes")
-    horovod = [r for r in runs if r["kind"] == "horovod"][0]["bench"]
-    lines = [
-        "# EPL vs Horovod: data parallelism on CPU (2 workers x 1 device, 1 thread each)", "",
-        "- Command: `%s`" % info["command"],
-        "- Date: %s; total run time %.0f s" % (info["date"], info["total_seconds"]),
-        "- TensorFlow %s, Horovod %s (gloo), Python %s, EPL git %s"
-        % (plain["tf_version"], horovod["horovod_version"], info["python"],
-           info["git_revision"]),
-        "- CPUs: %s (usable: %s), %s; load average (1/5/15 min) at start %s, at end %s "
-        "(includes this benchmark)" % (info["cpu_count"], info["cpus_usable"],
-                                       info["cpu_model"], info["loadavg_start"],
-                                       info["loadavg_end"]),
-        "- **Per-worker batch sizes measured: %s** (the 2-worker global batch is twice that); "
-        "MomentumOptimizer(0.01, 0.9), synthetic data, intra/inter-op threads 1 in every "
-        "process" % ", ".join(map(str, args.batch)),
-        "- Models: " + "; ".join(MODEL_NOTES[m] for m in args.models),
-        "- Timing, inside the workers: warm-up steps, then %d timed windows (per-worker "
-        "batch: warm-up steps + window steps: %s); samples/s is the median window (min-max "
-        "over windows), from worker 0" % (args.repeats, ", ".join(
-            "%d: %d + %d" % (b, scaled(args.warmup, b, 2), scaled(args.steps, b, MIN_WINDOW_STEPS))
-            for b in args.batch)),
-        "- Single process: `hvd_worker.py --mode plain`, plain TF in one process (no EPL, no "
-        "Horovod, no tf.train.Server)",
-        "- EPL: `python -m epl.launcher --num_workers 2 --gpu_per_worker 1 "
-        "benchmarks/dp_worker.py`; EPL default has no `EPL_*` variables (settings as reported "
-        "by the workers); the sweep sets `EPL_COMMUNICATION_MAX_SPLITS`, `_FP16`, "
-        "`_NUM_COMMUNICATORS` per run (%d configurations%s); **EPL tuned** is the sweep's "
-        "fastest configuration measured again in two runs of its own (the faster one "
-        "counts); the targets are judged on those runs, never on the sweep's own best number"
-        % (len(args.sweep), ", --quick" if args.quick else ""),
-        "- EPL all-reduce backend used (from the op types in the workers' graphs): **%s**; "
-        "uncommitted changes to epl/ and csrc/ at the end of the run: %s"
-        % (", ".join(backends), "none" if not changes else "%d files (%s)" % (
-            len(changes), ", ".join(c[3:] for c in changes))),
-        "- Horovod: `horovodrun -np 2 -H localhost:2 --gloo python benchmarks/hvd_worker.py "
-        "--mode horovod`: `hvd.DistributedOptimizer(MomentumOptimizer)`, "
-        "`hvd.broadcast_global_variables(0)`, Horovod's default fusion/cycle settings "
-        "(HOROVOD_* set by horovodrun: %s)" % (horovod.get("horovod_env") or "none"),
-        "- Scaling efficiency = samples/s / (2 x single-process samples/s); x Horovod = "
-        "samples/s / Horovod's samples/s at the same batch. The single process, Horovod and "
-        "EPL default each run twice (before and after the sweep); the faster run is used",
-        "- CPU/wall: a worker's CPU time over its timed windows / wall time (1 thread "
-        "computing is about 1; communication threads add to it); other processes' CPUs: the "
-        "machine's busy CPUs meanwhile minus the job's own", ""]
-    lines += ["## Targets (EPL >= %.1fx Horovod's samples/s, scaling efficiency >= %.1f)"
-              % (TARGET_VS_HOROVOD, TARGET_EFFICIENCY), ""]
-    lines += ["- " + note for note in verdicts(target_rows, args.models)]
-    lines += ["", targets_table(target_rows), ""]
-    for batch in args.batch:
-        for model in args.models:
-            lines += ["## %s, batch %d per worker" % (model, batch), "",
-                      summary_table(runs, model, batch), "",
-                      "EPL sweep (`communication.*`):", "", sweep_table(runs, model, batch), ""]
-    lines += ["## Observations", ""]
-    lines += ["- " + note for note in observations(runs, args.models, args.batch)]
-    lines += ["- %d job(s) hung and were started again (--retries %d)%s" % (
-        len(hangs), args.retries, ":" if hangs else ".")]
-    for hang in hangs:
-        lines.append("  - %s, batch %d, %s%s, attempt %d: %s" % (
-            hang["model"], hang["batch_per_worker"], hang["kind"],
-            " " + config_label(hang["config"]) if hang["config"] else "", hang["attempt"],
-            hang["report"].splitlines()[0]))
-        for worker, stack in enumerate(hang["stacks"]):
-            lines.append("    - worker %d stuck in: %s" % (
-                worker, " <- ".join("`%s`" % f for f in stack) if stack else "(no stack)"))
-    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
