@@ -2,14 +2,17 @@
 
 Usage::
 
-    .venv/bin/python benchmarks/dp_vs_horovod.py            # full run, about 10 minutes
+    .venv/bin/python benchmarks/dp_vs_horovod.py            # full run, about 27 minutes
     .venv/bin/python benchmarks/dp_vs_horovod.py --quick    # reduced sweep, about 2 minutes
     .venv/bin/python benchmarks/dp_vs_horovod.py --batch 64,256 --models cnn --steps 30
 
 For every model (dp_worker.py's MLP and CNN) and per-worker batch size it measures
 
 1. the single process: plain TensorFlow, no EPL, no Horovod, 1 thread
-   (``hvd_worker.py --mode plain``), the reference for scaling efficiency;
+   (``hvd_worker.py --mode plain``), the reference for scaling efficiency, and
+   two such processes started together that never communicate: the machine's
+   ceiling (shared caches and memory bandwidth), which no data-parallel setup
+   can beat;
 2. EPL default: ``dp_worker.py`` under ``python -m epl.launcher``, 2 workers,
    no ``EPL_*`` variables (1, 2 and 4 run twice, the faster run counts);
 3. an EPL sweep over ``communication.max_splits`` x ``fp16`` x
