@@ -24,8 +24,10 @@ def _session(n):
     return tf.Session(config=tf.ConfigProto(device_count={"CPU": n}))
 
 
-@pytest.mark.parametrize("members,count", [(2, 10), (3, 100003), (3, 2)])
+@pytest.mark.parametrize("members,count", [(2, 10), (3, 100003), (3, 2), (2, 1500001)])
 def test_ring_all_reduce_matches_numpy_and_is_identical_everywhere(members, count):
+    """Sizes include a 3-member ring with empty chunks and 3 MB chunks, which wrap around
+    the 2 MB shared-memory queues at unaligned offsets."""
     rng = np.random.RandomState(members)
     values = [rng.randn(count).astype(np.float32) for _ in range(members)]
     with tf.Graph().as_default():
