@@ -138,8 +138,8 @@ def timed_windows(run_step, warmup, repeats, steps):
     """Call ``run_step()`` ``warmup`` times untimed, then time ``repeats`` windows
     of ``steps`` calls each.
 
-    Shared by workers that must be timed identically (plain TF, Horovod), so
-    a difference in their numbers can only come from the training step.
+    Shared by every worker (EPL, plain TF, Horovod), so a difference in their
+    numbers can only come from the training step.
     Returns the window lengths (s), the warm-up time, this process's CPU time
     over wall time during the windows (about 1 per busy thread) and the whole
     machine's busy CPUs meanwhile (None off Linux)."""
@@ -164,8 +164,8 @@ def timed_windows(run_step, warmup, repeats, steps):
 
 
 def window_rates(windows, global_batch, steps):
-    """Median window, step time and samples/s (median, min, max) of timed windows;
-    the field names match dp_worker.py's BENCH payload."""
+    """Median window, step time and samples/s (median, min, max) of timed windows:
+    the BENCH fields every worker reports."""
     ordered = sorted(windows)
     middle = len(ordered) // 2
     seconds = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

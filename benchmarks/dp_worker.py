@@ -108,6 +108,16 @@ def build(tf, model, x_np, y_np):
     return loss, train_op
 
 
+def op_type_counts(graph, prefixes):
+    """``{op type: count}`` of the ops in ``graph`` whose type starts with one of
+    ``prefixes``."""
+    counts = {}
+    for op in graph.get_operations():
+        if op.type.startswith(prefixes):
+            counts[op.type] = counts.get(op.type, 0) + 1
+    return counts
+
+
 def collective_op_counts(graph):
     """``{op type: count}`` of the communication ops in the (rewritten) graph:
     TF collectives and EPL's own (ring, NCCL) kernels.
@@ -115,11 +125,7 @@ def collective_op_counts(graph):
     Reported because they are what the communication settings change (one
     all-reduce or all-gather per fusion bucket) and they show which backend
     EPL picked, so a benchmark can check that a setting really took effect."""
-    counts = {}
-    for op in graph.get_operations():
-        if op.type.startswith(COMM_OP_PREFIXES):
-            counts[op.type] = counts.get(op.type, 0) + 1
-    return counts
+    return op_type_counts(graph, COMM_OP_PREFIXES)
 
 
 def stage(message):
@@ -156,46 +162,28 @@ def main(argv=None):
                                            save_summaries_steps=None,
                                            save_summaries_secs=None) as sess:
         setup = time.perf_counter() - setup_start
-        stage("session ready after %.1f s; %d warm-up steps" % (setup, args.warmup))
-        first = time.perf_counter()
-        for _ in range(args.warmup):
-            sess.run(train_op)
-        warmup = time.perf_counter() - first
-        stage("warm-up done in %.1f s; timing %d x %d steps"
-              % (warmup, args.repeats, args.steps))
-        windows = []
-        busy0 = common.machine_busy_seconds()
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                sess.run(train_op)
-            windows.append(time.perf_counter() - start)
-        elapsed = time.perf_counter() - wall0
-        cpu_per_wall = (time.process_time() - cpu0) / elapsed
-        busy1 = common.machine_busy_seconds()
-        machine_busy = None if busy0 is None or busy1 is None else (busy1 - busy0) / elapsed
+        stage("session ready after %.1f s; %d warm-up steps, then %d x %d timed steps"
+              % (setup, args.warmup, args.repeats, args.steps))
+        timing = common.timed_windows(lambda: sess.run(train_op), args.warmup, args.repeats,
+                                      args.steps)
         final_loss = float(sess.run(loss))
         collectives = collective_op_counts(tf.get_default_graph())
     global_batch = args.batch * cluster.total_gpu_num
-    seconds = float(np.median(windows))
-    common.bench_line({
+    payload = {
         "worker": index, "workers": cluster.worker_num,
         "devices_per_worker": cluster.gpu_num_per_worker, "model": args.model,
         "batch_per_replica": args.batch, "global_batch": global_batch, "steps": args.steps,
-        "repeats": args.repeats, "warmup_steps": args.warmup, "window_seconds": windows,
-        "seconds": seconds, "step_ms": 1000.0 * seconds / args.steps,
-        "samples_per_sec": global_batch * args.steps / seconds,
-        "samples_per_sec_min": global_batch * args.steps / max(windows),
-        "samples_per_sec_max": global_batch * args.steps / min(windows),
-        "cpu_per_wall": cpu_per_wall, "machine_busy_cpus": machine_busy,
+        "repeats": args.repeats, "warmup_steps": args.warmup,
         "threads": common.thread_count(),
-        "session_setup_seconds": setup, "warmup_seconds": warmup, "final_loss": final_loss,
+        "session_setup_seconds": setup, "final_loss": final_loss,
         "intra_op_threads": args.threads, "inter_op_threads": args.threads,
         "server": args.server, "distributed": cluster.distributed,
         "params": params, "collective_ops": collectives,
         "communication": dict((key, epl.Env.get().config.get(key)) for key in COMM_KEYS),
-        "tf_version": tf.__version__, "pid": os.getpid()})
+        "tf_version": tf.__version__, "pid": os.getpid()}
+    payload.update(timing)
+    payload.update(common.window_rates(timing["window_seconds"], global_batch, args.steps))
+    common.bench_line(payload)
 
 
 if __name__ == "__main__":

@@ -65,16 +65,6 @@ def build(tf, model, x_np, y_np, wrap):
     return loss, optimizer.minimize(loss, global_step=step)
 
 
-def horovod_op_counts(graph):
-    """``{op type: count}`` of Horovod's ops: one HorovodAllreduce per gradient
-    (Horovod fuses them at run time, not in the graph)."""
-    counts = {}
-    for op in graph.get_operations():
-        if op.type.startswith("Horovod"):
-            counts[op.type] = counts.get(op.type, 0) + 1
-    return counts
-
-
 def stage(message):
     print("hvd_worker: " + message, flush=True)
 
@@ -123,7 +113,8 @@ def main(argv=None):
         "threads": common.thread_count(), "session_setup_seconds": setup,
         "final_loss": final_loss, "intra_op_threads": args.threads,
         "inter_op_threads": args.threads, "params": params,
-        "horovod_ops": horovod_op_counts(tf.get_default_graph()),
+        # One HorovodAllreduce per gradient: Horovod fuses at run time, not in the graph.
+        "horovod_ops": dp_worker.op_type_counts(tf.get_default_graph(), ("Horovod",)),
         "collective_ops": collectives, "epl_imported": "epl" in sys.modules,
         "horovod_imported": any(m.split(".")[0] == "horovod" for m in sys.modules),
         "horovod_version": horovod_version,
