@@ -143,6 +143,20 @@ def copy_values(sess, var_name):
     return sess.run([op.outputs[0] for op in program.variable_copies[var_name]])
 
 
+def train_and_save_copies(train, steps, out_dir, worker):
+    """Run ``train`` ``steps`` times in a MonitoredTrainingSession, then save every
+    local copy of each trainable variable to ``out_dir/worker_<worker>.npz``
+    (keys: variable names with "/" as "__"), for launcher tests to compare."""
+    with tf.train.MonitoredTrainingSession() as sess:
+        for _ in range(steps):
+            sess.run(train)
+        raw = sess._tf_sess()  # pylint: disable=protected-access
+        values = dict((v.op.name.replace("/", "__"), np.stack(copy_values(raw, v.op.name)))
+                      for v in tf.trainable_variables())
+    np.savez(os.path.join(out_dir, "worker_%d.npz" % worker), **values)
+    print("worker %d done" % worker)
+
+
 MEASURED = []  # (test id, max difference) for the equivalence summary printed by conftest
 
 

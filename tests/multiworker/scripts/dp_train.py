@@ -9,12 +9,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-import numpy as np  # noqa: E402
-import tensorflow.compat.v1 as tf  # noqa: E402
-
 import epl  # noqa: E402
-from eplutil import (copy_values, dataset_input, initial_weights, make_data, mlp,  # noqa: E402
-                     train_step, worker_rows)
+from eplutil import (dataset_input, initial_weights, make_data, mlp,  # noqa: E402
+                     train_and_save_copies, train_step, worker_rows)
 
 
 def main(out_dir, steps, batch):
@@ -27,14 +24,7 @@ def main(out_dir, steps, batch):
     epl.set_default_strategy(epl.replicate(1))
     loss = mlp(*dataset_input(wx, wy, batch), weights=initial_weights())
     train = train_step(loss)
-    with tf.train.MonitoredTrainingSession() as sess:
-        for _ in range(steps):
-            sess.run(train)
-        raw = sess._tf_sess()  # pylint: disable=protected-access
-        values = dict((v.op.name.replace("/", "__"), np.stack(copy_values(raw, v.op.name)))
-                      for v in tf.trainable_variables())
-    np.savez(os.path.join(out_dir, "worker_%d.npz" % cluster.worker_index), **values)
-    print("worker %d done" % cluster.worker_index)
+    train_and_save_copies(train, steps, out_dir, cluster.worker_index)
 
 
 if __name__ == "__main__":

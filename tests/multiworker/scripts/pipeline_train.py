@@ -11,11 +11,10 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import numpy as np  # noqa: E402
-import tensorflow.compat.v1 as tf  # noqa: E402
 
 import epl  # noqa: E402
-from eplutil import (copy_values, dataset_input, initial_weights, make_data,  # noqa: E402
-                     staged_mlp, train_step)
+from eplutil import (dataset_input, initial_weights, make_data, staged_mlp,  # noqa: E402
+                     train_and_save_copies, train_step)
 
 
 def rows_of(data, steps, per_worker, index, batch):
@@ -37,14 +36,7 @@ def main(out_dir, steps, batch, micro_batches, strategy, copies, intra=True):
     wx, wy = (rows_of(a, steps, per_worker, index, batch) for a in (x, y))
     loss = staged_mlp(*dataset_input(wx, wy, batch), weights=initial_weights())
     train = train_step(loss)
-    with tf.train.MonitoredTrainingSession() as sess:
-        for _ in range(steps):
-            sess.run(train)
-        raw = sess._tf_sess()  # pylint: disable=protected-access
-        values = dict((v.op.name.replace("/", "__"), np.stack(copy_values(raw, v.op.name)))
-                      for v in tf.trainable_variables())
-    np.savez(os.path.join(out_dir, "worker_%d.npz" % index), **values)
-    print("worker %d done" % index)
+    train_and_save_copies(train, steps, out_dir, index)
 
 
 if __name__ == "__main__":
