@@ -2,6 +2,8 @@
 the FIELDS table) so that an accidental change to the key table is caught."""
 import os
 
+import pytest
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 EXPECTED_DEFAULTS = {
@@ -184,3 +186,12 @@ BAD_ENV.update({
 def assert_same(actual, expected):
     """Equal and of the same type: 1 == 1.0 == True must not hide a wrong type."""
     assert (actual, type(actual).__name__) == (expected, type(expected).__name__)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    """Tests must not see EPL_* variables from the developer's shell (autouse in every
+    module that imports it)."""
+    for name in list(os.environ):
+        if name.startswith("EPL_"):
+            monkeypatch.delenv(name)

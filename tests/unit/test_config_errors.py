@@ -9,17 +9,9 @@ import pytest
 
 from epl.config import FIELDS, Config, ConfigError, markdown_table
 from config_tables import (  # noqa: F401
-    assert_same,
+    assert_same, clean_env,
     REPO_ROOT, EXPECTED_DEFAULTS, KEYS, EXTENSION_KEYS, BOOL_KEYS, COUNT_KEYS, INT_KEYS,
     NUMBER_KEYS, OVERRIDES, ENV_OVERRIDES, BAD_TYPES, BAD_VALUES, BAD_ENV)
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    """Tests must not see EPL_* variables from the developer's shell."""
-    for name in list(os.environ):
-        if name.startswith("EPL_"):
-            monkeypatch.delenv(name)
 
 
 @pytest.mark.parametrize("key,suggestion", [
