@@ -50,14 +50,20 @@ Status SameShape(InferenceContext* c) {
   return Status::OK();
 }
 
+// The checks shared by gather and split shapes: the unique id, the group size,
+// and input 0 of rank >= 1 (its dim 0 is what the group multiplies or divides).
+Status GroupedInput(InferenceContext* c, ShapeHandle* in, tensorflow::int64* size) {
+  TF_RETURN_IF_ERROR(CheckUniqueId(c, 1));
+  TF_RETURN_IF_ERROR(GroupSize(c, size));
+  return c->WithRankAtLeast(c->input(0), 1, in);
+}
+
 // Dim 0 multiplied by the group size (all-gather).
 Status GatherShape(InferenceContext* c) {
-  TF_RETURN_IF_ERROR(CheckUniqueId(c, 1));
   tensorflow::int64 size = 0;
-  TF_RETURN_IF_ERROR(GroupSize(c, &size));
   ShapeHandle in, out;
   DimensionHandle rows;
-  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &in));
+  TF_RETURN_IF_ERROR(GroupedInput(c, &in, &size));
   TF_RETURN_IF_ERROR(c->Multiply(c->Dim(in, 0), size, &rows));
   TF_RETURN_IF_ERROR(c->ReplaceDim(in, 0, rows, &out));
   c->set_output(0, out);
@@ -67,12 +73,10 @@ Status GatherShape(InferenceContext* c) {
 // Dim 0 must split evenly over the group; `divide` says whether the output
 // keeps one chunk (reduce-scatter) or all of them (all-to-all).
 Status SplitShape(InferenceContext* c, bool divide) {
-  TF_RETURN_IF_ERROR(CheckUniqueId(c, 1));
   tensorflow::int64 size = 0;
-  TF_RETURN_IF_ERROR(GroupSize(c, &size));
   ShapeHandle in, out;
   DimensionHandle chunk;
-  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &in));
+  TF_RETURN_IF_ERROR(GroupedInput(c, &in, &size));
   TF_RETURN_IF_ERROR(c->Divide(c->Dim(in, 0), size, /*evenly_divisible=*/true, &chunk));
   if (!divide) {
     c->set_output(0, in);
