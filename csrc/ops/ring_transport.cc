@@ -129,15 +129,15 @@ void Member::Submit(std::function<void()> work) {
   if (!worker_.joinable()) {
     worker_ = std::thread([this]() {
       for (;;) {
-        std::function<void()> next;
+        std::function<void()> work;
         {
           std::unique_lock<std::mutex> wait(queue_mu_);
           queue_cv_.wait(wait, [this]() { return stopping_ || !queue_.empty(); });
           if (queue_.empty()) return;
-          next = std::move(queue_.front());
+          work = std::move(queue_.front());
           queue_.pop_front();
         }
-        next();
+        work();
       }
     });
   }
@@ -258,7 +258,6 @@ Result Member::ConnectNext(const std::string& host, int port, double timeout) {
 
 Result Member::AcceptPrev(double timeout) {
   double deadline = Now() + timeout;
-  int expected = (rank_ + size_ - 1) % size_;
   while (Now() < deadline) {
     pollfd p{listen_fd_, POLLIN, 0};
     int wait_ms = static_cast<int>((deadline - Now()) * 1000);
@@ -269,13 +268,13 @@ Result Member::AcceptPrev(double timeout) {
     Hello hello{};
     Result r = RecvAll(fd, reinterpret_cast<char*>(&hello), sizeof(hello), deadline);
     if (r.ok() && hello.magic == kMagic && hello.communicator_hash == Hash(communicator_) &&
-        hello.rank == static_cast<uint64_t>(expected)) {
+        hello.rank == static_cast<uint64_t>(prev())) {
       prev_fd_ = fd;
       return Result::Ok();
     }
     close(fd);  // a stale or foreign connection: keep waiting for the right peer
   }
-  return Result::Fail("no connection from " + PeerName(expected) + " within the timeout");
+  return Result::Fail("no connection from " + PeerName(prev()) + " within the timeout");
 }
 
 Result Member::Connect(const std::vector<int>& ports, const std::vector<std::string>& hosts,
@@ -287,16 +286,16 @@ Result Member::Connect(const std::vector<int>& ports, const std::vector<std::str
   CloseRing();
   ports_ = ports;
   hosts_ = hosts;
-  int next = (rank_ + 1) % size_;
   // Connect in a helper thread while this one accepts: with two members each is
   // the other's successor and predecessor, and neither call may wait for the other.
   Result connect_result;
-  std::thread connector([&]() { connect_result = ConnectNext(hosts[next], ports[next], timeout); });
+  std::thread connector(
+      [&]() { connect_result = ConnectNext(hosts[next()], ports[next()], timeout); });
   Result accept_result = AcceptPrev(timeout);
   connector.join();
   if (!connect_result.ok()) {
     CloseRing();
-    return Result::Fail("connecting to " + PeerName(next) + ": " + connect_result.error);
+    return Result::Fail("connecting to " + PeerName(next()) + ": " + connect_result.error);
   }
   if (!accept_result.ok()) {
     CloseRing();
@@ -305,7 +304,7 @@ Result Member::Connect(const std::vector<int>& ports, const std::vector<std::str
   Result upgrade = UpgradeLinks(shared_memory, Now() + timeout);
   if (!upgrade.ok()) {
     CloseRing();
-    return Result::Fail("setting up the links with " + PeerName(next) + ": " + upgrade.error);
+    return Result::Fail("setting up the links with " + PeerName(next()) + ": " + upgrade.error);
   }
   return Result::Ok();
 }
@@ -329,7 +328,7 @@ long Member::SendSome(const char* data, size_t bytes, std::string* error) {
   ssize_t n = send(next_fd_, data, bytes, MSG_NOSIGNAL);
   if (n >= 0) return n;
   if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-  *error = Errno("send to " + PeerName((rank_ + 1) % size_));
+  *error = Errno("send to " + PeerName(next()));
   return -1;
 }
 
@@ -338,13 +337,12 @@ long Member::RecvSome(char* data, size_t bytes, std::string* error) {
   if (bytes == 0) return 0;
   ssize_t n = recv(prev_fd_, data, bytes, 0);
   if (n > 0) return n;
-  int prev = (rank_ + size_ - 1) % size_;
   if (n == 0) {
-    *error = PeerName(prev) + " closed the connection";
+    *error = PeerName(prev()) + " closed the connection";
     return -1;
   }
   if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-  *error = Errno("recv from " + PeerName(prev));
+  *error = Errno("recv from " + PeerName(prev()));
   return -1;
 }
 
@@ -368,9 +366,9 @@ Result Member::WaitForLinks(bool want_send, bool want_recv, double idle_seconds)
   if (ready < 0 && errno != EINTR) return Result::Fail(Errno("poll"));
   const short gone = POLLIN | POLLHUP | POLLERR;
   if (next_shm_ && (fds[0].revents & gone))
-    return Result::Fail(PeerName((rank_ + 1) % size_) + " closed the connection");
+    return Result::Fail(PeerName(next()) + " closed the connection");
   if (prev_shm_ && (fds[1].revents & gone))
-    return Result::Fail(PeerName((rank_ + size_ - 1) % size_) + " closed the connection");
+    return Result::Fail(PeerName(prev()) + " closed the connection");
   return Result::Ok();
 }
 
@@ -409,7 +407,7 @@ Result Member::ExchangeOnce(uint64_t instance, uint64_t step, const char* send_d
         if (in_part == 0 && (in.magic != kMagic || in.instance != instance || in.step != step ||
                              in.bytes != recv_bytes)) {
           std::ostringstream msg;
-          msg << PeerName((rank_ + size_ - 1) % size_) << " is running a different collective "
+          msg << PeerName(prev()) << " is running a different collective "
               << "(instance " << in.instance << " step " << in.step << ", " << in.bytes
               << " bytes) than this member (instance " << instance << " step " << step << ", "
               << recv_bytes << " bytes)";
@@ -428,7 +426,7 @@ Result Member::ExchangeOnce(uint64_t instance, uint64_t step, const char* send_d
     if (now - last_progress > timeout) {
       std::ostringstream msg;
       msg << "no progress for " << timeout << " s exchanging with "
-          << PeerName((rank_ + 1) % size_) << " / " << PeerName((rank_ + size_ - 1) % size_);
+          << PeerName(next()) << " / " << PeerName(prev());
       return Result::Fail(msg.str());
     }
     Result waited = WaitForLinks(out_part < 2, in_part < 2, now - last_progress);

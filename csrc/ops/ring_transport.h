@@ -82,6 +82,8 @@ class Member {
   // bit 2: link from the predecessor uses shared memory.
   int LinkState() const;
   int rank() const { return rank_; }
+  int next() const { return (rank_ + 1) % size_; }          // successor's rank
+  int prev() const { return (rank_ + size_ - 1) % size_; }  // predecessor's rank
   int size() const { return size_; }
   const std::string& communicator() const { return communicator_; }
   std::mutex& mutex() { return run_mu_; }
