@@ -149,7 +149,7 @@ class ConnectOp : public AsyncOpKernel {
     std::thread([this, ctx, member, ports, out, done]() {
       ctx->SetStatus(ToStatus(member->Connect(ports, hosts_, attrs_.timeout, shared_memory_),
                               "connect " + attrs_.Where()));
-      out->scalar<int>()() = attrs_.size == 1 ? 1 : member->LinkState();
+      out->scalar<int>()() = member->LinkState();
       done();
     }).detach();
   }

@@ -168,7 +168,8 @@ char* Member::Scratch(int slot, size_t bytes) {
 }
 
 int Member::LinkState() const {
-  return (connected() ? 1 : 0) | (next_shm_ ? 2 : 0) | (prev_shm_ ? 4 : 0);
+  // A one-member ring has no links and is always ready.
+  return (connected() || size_ == 1 ? 1 : 0) | (next_shm_ ? 2 : 0) | (prev_shm_ ? 4 : 0);
 }
 
 // Offers the successor a shared-memory segment and answers the predecessor's
