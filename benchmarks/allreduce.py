@@ -10,7 +10,6 @@ This isolates the communication cost that the end-to-end benchmarks
     .venv/bin/python benchmarks/allreduce.py [--sizes 262144,2250000,9000000] [--repeats 30]
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -91,15 +90,12 @@ def run(args, backend, size):
                 "1"] + script
         pattern = common.WORKER_LINE
     result = common.run_command(argv, TIMEOUT, extra_env=BACKEND_ENV.get(backend, {}))
-    for line in result.lines:
-        match = pattern.match(line)
-        text = match.group(2) if match else line
-        if text.startswith(common.BENCH_TAG + " "):
-            record = json.loads(text[len(common.BENCH_TAG) + 1:])
-            if backend in EXPECTED_LINKS and record["ring_links"] != EXPECTED_LINKS[backend]:
-                raise common.BenchmarkError("%s: ring link state %s, expected %s" % (
-                    backend, record["ring_links"], EXPECTED_LINKS[backend]))
-            return record
+    record = common.parse_bench(result.lines, pattern).get(0)  # only rank 0 reports
+    if record is not None:
+        if backend in EXPECTED_LINKS and record["ring_links"] != EXPECTED_LINKS[backend]:
+            raise common.BenchmarkError("%s: ring link state %s, expected %s" % (
+                backend, record["ring_links"], EXPECTED_LINKS[backend]))
+        return record
     raise common.BenchmarkError("%s all-reduce of %d floats failed (exit %s):\n%s" % (
         backend, size, result.returncode, "\n".join(result.lines[-30:])))
 
