@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
-#include <random>
 
 namespace epl {
 namespace ring {
@@ -38,12 +37,11 @@ static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t),
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
+// The nonce is already random: with the pid it makes the name unique on this host.
 std::string NewName(uint64_t nonce) {
-  std::random_device device;
-  uint64_t salt = (static_cast<uint64_t>(device()) << 32) ^ device();
   char buffer[64];
   snprintf(buffer, sizeof(buffer), "/epl-ring-%d-%016llx", static_cast<int>(getpid()),
-           static_cast<unsigned long long>(nonce ^ salt));
+           static_cast<unsigned long long>(nonce));
   return buffer;
 }
 
