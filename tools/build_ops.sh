@@ -19,6 +19,9 @@ if ! command -v "$CXX" >/dev/null 2>&1; then
 fi
 # -std=c++14 and TF's -D_GLIBCXX_USE_CXX11_ABI=0 (in FLAGS) are both required: without
 # either, the build succeeds and tf.load_op_library fails with an undefined symbol.
+# TF's own build defines EIGEN_MAX_ALIGN_BYTES=64 but tf.sysconfig does not pass it on;
+# we define it so that our Eigen checks agree with TF's (csrc/ops/fused_buffer.cc).
+FLAGS="$FLAGS -DEIGEN_MAX_ALIGN_BYTES=64"
 if "$CXX" -std=c++14 -shared -fPIC -O3 "$ROOT"/csrc/ops/*.cc $FLAGS -lrt -o "$OUT/libepl_ops.so.tmp" \
     2>"$OUT/build.log"; then
   mv "$OUT/libepl_ops.so.tmp" "$OUT/libepl_ops.so"

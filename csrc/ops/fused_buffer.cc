@@ -6,15 +6,35 @@
 // single kernel. Pack makes one memcpy per tensor; unpack returns views into the
 // buffer where they are suitably aligned (as TF's Split does) and copies the
 // rest. Results are bit-identical.
+//
+// "Suitably aligned" means TensorFlow's alignment, not ours: TF's kernels check
+// Tensor::IsAligned() against the EIGEN_MAX_ALIGN_BYTES of TF's own build (64),
+// and abort the process on a misaligned input. A custom op compiled with the
+// flags from tf.sysconfig sees a smaller EIGEN_MAX_ALIGN_BYTES (16 or 32), so
+// testing against the macro handed out views that crashed the consumer (a
+// model with 8-float biases). Views are therefore only made at offsets that are
+// multiples of Allocator::kAllocatorAlignment, the alignment every TF buffer has.
 #include <cstring>
 #include <vector>
 
+#include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 
 namespace epl {
+
+// The alignment TF guarantees for every buffer it allocates, and the strictest
+// alignment any of its kernels can check (see the file comment).
+constexpr size_t kViewAlignment = tensorflow::Allocator::kAllocatorAlignment;
+static_assert(EIGEN_MAX_ALIGN_BYTES <= kViewAlignment,
+              "views aligned for TF's allocator must satisfy this build's Eigen too");
+
+// True when a view starting at `address` may be handed to any TF kernel.
+inline bool ViewAligned(const char* address) {
+  return reinterpret_cast<uintptr_t>(address) % kViewAlignment == 0;
+}
 
 using tensorflow::DEVICE_CPU;
 using tensorflow::OpInputList;
@@ -100,7 +120,8 @@ class UnpackOp : public OpKernel {
     for (const auto& shape : partial) {
       TensorShape full;
       OP_REQUIRES(ctx, shape.AsTensorShape(&full),
-                  InvalidArgument("EplUnpack needs fully defined shapes, got ",
+                  InvalidArgument("EplUnpack ", name(), ": output ", shapes_.size(),
+                                  " needs a fully defined shape, got ",
                                   shape.DebugString()));
       shapes_.push_back(full);
     }
@@ -109,25 +130,26 @@ class UnpackOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& packed = ctx->input(0);
     OP_REQUIRES(ctx, packed.dims() == 1,
-                InvalidArgument("EplUnpack expects a 1-D buffer, got shape ",
-                                packed.shape().DebugString()));
+                InvalidArgument("EplUnpack ", name(), ": input 'packed' must be a 1-D "
+                                "buffer, got shape ", packed.shape().DebugString()));
     tensorflow::int64 total = 0;
     for (const auto& shape : shapes_) total += shape.num_elements();
     OP_REQUIRES(ctx, total == packed.NumElements(),
-                InvalidArgument("EplUnpack: shapes hold ", total, " elements but the buffer has ",
-                                packed.NumElements()));
+                InvalidArgument("EplUnpack ", name(), ": the ", shapes_.size(),
+                                " output shapes hold ", total,
+                                " elements but input 'packed' has ", packed.NumElements()));
     const size_t element = packed.NumElements() > 0 ? packed.TotalBytes() / packed.NumElements()
                                                     : 1;
     const char* base = packed.tensor_data().data();
     tensorflow::int64 start = 0;
     for (size_t i = 0; i < shapes_.size(); ++i) {
       const tensorflow::int64 count = shapes_[i].num_elements();
-      const bool aligned =
-          reinterpret_cast<uintptr_t>(base + start * element) % EIGEN_MAX_ALIGN_BYTES == 0;
-      if (aligned && count > 0) {  // share the buffer: no copy
+      if (count > 0 && ViewAligned(base + start * element)) {  // share the buffer: no copy
         Tensor view;
         OP_REQUIRES(ctx, view.CopyFrom(packed.Slice(start, start + count), shapes_[i]),
-                    InvalidArgument("EplUnpack: cannot view slice ", i));
+                    InvalidArgument("EplUnpack ", name(), ": cannot view elements ", start,
+                                    "..", start + count, " of input 'packed' as output ", i,
+                                    " of shape ", shapes_[i].DebugString()));
         ctx->set_output(static_cast<int>(i), view);
       } else {
         Tensor* out = nullptr;
