@@ -5,6 +5,8 @@ from TF_CONFIG, exactly as a real EPL worker would."""
 import io
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
@@ -69,6 +71,7 @@ def test_all_workers_succeed(tmp_path, capsys, monkeypatch):
         print("args", sys.argv[1:], "logdir", os.environ["EPL_LAUNCH_LOG_DIR"])
         print("unbuffered", os.environ["PYTHONUNBUFFERED"], "debug",
               os.environ.get("EPL_DEBUG"))
+        print("task dir", os.environ["EPL_TASK_DIR"])  # and no extra positional argument
     """)
     code, out = _run_main(tmp_path, ["--num_workers", "3", "--gpu_per_worker", "2",
                                      script, "--lr", "a b"], capsys, monkeypatch)
@@ -81,6 +84,7 @@ def test_all_workers_succeed(tmp_path, capsys, monkeypatch):
         log = (logs / ("worker_%d.log" % i)).read_text()
         assert log.startswith("hello from %d devices 2\n" % i)  # raw, no prefix
         assert "unbuffered 1 debug None" in log
+        assert "task dir %s\n" % logs in log
 
 
 @pytest.mark.timeout(60)
@@ -200,36 +204,129 @@ def test_signal_to_launcher_stops_every_worker(tmp_path, signum, expected):
 
 
 @pytest.mark.timeout(60)
-def test_shell_script_runs_with_bash(tmp_path, capsys, monkeypatch):
+def test_shell_script_gets_the_task_dir_first(tmp_path, capsys, monkeypatch):
     script = _script(tmp_path, """\
-        echo "bash=${BASH_VERSION:+yes} args=$1|$2 devices=$EPL_NUM_VIRTUAL_DEVICES"
+        echo "bash=${BASH_VERSION:+yes} args=$1|$2|$3 devices=$EPL_NUM_VIRTUAL_DEVICES"
+        [[ "$1" == "$EPL_TASK_DIR" ]] && echo "task dir in \\$1 and EPL_TASK_DIR"
         [[ "$TF_CONFIG" == *'"index": 1'* ]] && echo "I am one"
         exit 0
     """, name="run.sh")
     code, out = _run_main(tmp_path, ["--num_workers", "2", "--gpu_per_worker", "4", script,
                                      "x y", "$HOME"], capsys, monkeypatch)
     assert code == 0, out.err
+    task_dir = tmp_path / "logs"
     for i in range(2):
-        assert "[worker %d] bash=yes args=x y|$HOME devices=4\n" % i in out.out
+        assert "[worker %d] bash=yes args=%s|x y|$HOME devices=4\n" % (i, task_dir) in out.out
+        assert "[worker %d] task dir in $1 and EPL_TASK_DIR\n" % i in out.out
     assert "[worker 1] I am one" in out.out and "[worker 0] I am one" not in out.out
 
 
 @pytest.mark.timeout(60)
-def test_debug_worker_zero_uses_the_terminal(tmp_path):
+def test_relative_log_dir_becomes_an_absolute_task_dir(tmp_path, capsys, monkeypatch):
     script = _script(tmp_path, """
-        print("debug-check", INDEX, os.environ.get("EPL_DEBUG"))
-        print("stdin", INDEX, repr(sys.stdin.readline()))  # only worker 0 has our stdin
+        os.chdir("/")  # a script that moves elsewhere must still find its task dir
+        print("task", os.path.isdir(os.environ["EPL_TASK_DIR"]), os.environ["EPL_TASK_DIR"])
     """)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    code = launcher.main(["--num_workers", "1", "--gpu_per_worker", "1", "--log_dir", "rel",
+                          script], detect_gpus=lambda: 0)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "[worker 0] task True %s\n" % (tmp_path / "rel") in out.out
+
+
+# Worker 0 leaves a partial line open (as a pdb prompt does) until worker 1's
+# line has certainly reached the launcher (it is in worker_1.log, which the
+# launcher writes before printing). Lines of the two workers must still come
+# out whole, in either order. The loop polls for that state; it is not a sleep
+# that makes a race unlikely.
+DEBUG_WORKER = """
+    if INDEX == 1:
+        print("one-line", os.environ.get("EPL_DEBUG"))
+        print("stdin", repr(sys.stdin.readline()))
+        sys.exit(0)
+    sys.stdout.write("zero-start|")
+    sys.stdout.flush()
+    log1 = os.path.join(os.environ["EPL_TASK_DIR"], "worker_1.log")
+    while "one-line" not in (open(log1).read() if os.path.exists(log1) else ""):
+        time.sleep(0.01)
+    print("zero-end", "tty" if os.isatty(1) else "pipe", os.environ.get("EPL_DEBUG"))
+    print("stdin", repr(sys.stdin.readline()))  # only worker 0 has our stdin
+"""
+
+
+def _debug_argv(tmp_path, script, debug=("--debug",)):
+    return [sys.executable, "-m", "epl.launcher", "--num_workers", "2", "--gpu_per_worker",
+            "1"] + list(debug) + ["--log_dir", str(tmp_path / "logs"), script]
+
+
+def _check_debug_output(tmp_path, stdout, kind):
+    """Every line is whole: no line of worker 1 inside one of worker 0."""
+    lines = [line for line in stdout.splitlines() if not line.startswith("epl-launch: ")]
+    expected = ["zero-start|zero-end %s 1" % kind, "stdin 'typed\\n'",
+                "[worker 1] one-line 1", "[worker 1] stdin ''"]
+    assert sorted(lines) == sorted(expected), stdout
+    assert lines.index(expected[0]) < lines.index(expected[1])
+    log0 = (tmp_path / "logs" / "worker_0.log").read_text()
+    assert log0 == "zero-start|zero-end %s 1\nstdin 'typed\\n'\n" % kind
+    assert (tmp_path / "logs" / "worker_1.log").read_text().startswith("one-line 1\n")
+
+
+@pytest.mark.timeout(60)
+def test_debug_worker_zero_uses_the_terminal(tmp_path):
+    script = _script(tmp_path, DEBUG_WORKER)
     env = dict(os.environ, PYTHONPATH=REPO, CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run(
-        [sys.executable, "-m", "epl.launcher", "--num_workers", "2", "--gpu_per_worker", "1",
-         "--debug", "--log_dir", str(tmp_path / "logs"), script],
-        env=env, input=b"typed\n", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        timeout=30, cwd=str(tmp_path))
+    result = subprocess.run(_debug_argv(tmp_path, script), env=env, input=b"typed\n",
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30,
+                            cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.decode().splitlines()
-    assert "debug-check 0 1" in lines  # worker 0: raw, straight to our stdout
-    assert "stdin 0 'typed\\n'" in lines
-    assert "[worker 1] debug-check 1 1" in lines and "[worker 1] stdin 1 ''" in lines
-    assert not (tmp_path / "logs" / "worker_0.log").exists()
-    assert (tmp_path / "logs" / "worker_1.log").read_text().startswith("debug-check 1 1\n")
+    _check_debug_output(tmp_path, result.stdout.decode(), "pipe")
+
+
+def _run_on_pty(argv, stdin_bytes, env, cwd, timeout=30.0):
+    """Run `argv` with stdout on a new pty (as in a terminal); returns (exit code,
+    stdout with the pty's \\r\\n turned back into \\n, stderr)."""
+    master, slave = pty.openpty()
+    with open(os.path.join(cwd, "stderr"), "wb") as err:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=slave,
+                                stderr=err)
+    os.close(slave)
+    try:
+        proc.stdin.write(stdin_bytes)
+        proc.stdin.close()
+        chunks, deadline = [], time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    chunks.append(os.read(master, 65536))
+                except OSError:  # EIO: every writer of the pty has exited
+                    break
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    output = b"".join(chunks).decode().replace("\r\n", "\n")
+    return code, output, open(os.path.join(cwd, "stderr")).read()
+
+
+@pytest.mark.timeout(60)
+def test_debug_worker_zero_on_a_terminal_sees_a_terminal(tmp_path):
+    script = _script(tmp_path, DEBUG_WORKER)
+    env = dict(os.environ, PYTHONPATH=REPO, CUDA_VISIBLE_DEVICES="")
+    code, stdout, stderr = _run_on_pty(_debug_argv(tmp_path, script, ("--debug", "True")),
+                                       b"typed\n", env, str(tmp_path))
+    assert code == 0, stderr
+    _check_debug_output(tmp_path, stdout, "tty")
+
+
+@pytest.mark.timeout(60)
+def test_debug_false_is_not_debug_mode(tmp_path, capsys, monkeypatch):
+    script = _script(tmp_path, """
+        print("debug", os.environ.get("EPL_DEBUG"))
+    """)
+    code, out = _run_main(tmp_path, ["--num_workers", "1", "--gpu_per_worker", "1",
+                                     "--debug", "False", script], capsys, monkeypatch)
+    assert code == 0, out.err
+    assert "[worker 0] debug None\n" in out.out  # prefixed: not the pass-through worker

@@ -1,7 +1,12 @@
-"""Unit tests for epl.launcher's pure functions: nothing here starts a process."""
+"""Unit tests for epl.launcher: its pure functions, and the console on pipes and
+threads. Nothing here starts a process."""
+import collections
 import datetime
+import io
 import json
 import os
+import threading
+import time
 
 import pytest
 
@@ -74,10 +79,43 @@ def test_debug_is_a_true_flag():
     assert parse_args(BASE + ["--debug", "train.py"]).debug is True
 
 
-def test_debug_takes_no_value():
-    # "--debug False" must not silently mean True: "False" becomes the script.
-    s = parse_args(BASE + ["--debug", "False", "train.py"])
-    assert s.debug is True and s.script == "False" and s.script_args == ("train.py",)
+@pytest.mark.parametrize("word,value", [
+    ("True", True), ("true", True), ("TRUE", True), ("1", True),
+    ("False", False), ("false", False), ("fAlSe", False), ("0", False),
+])
+def test_debug_takes_an_optional_boolean_word(word, value):
+    # The original EPL declared --debug type=bool, so its users write "--debug True".
+    s = parse_args(BASE + ["--debug", word, "train.py", "--x"])
+    assert s.debug is value and s.script == "train.py" and s.script_args == ("--x",)
+    assert parse_args(BASE + ["--debug=" + word, "train.py"]).debug is value
+
+
+def test_debug_before_the_script_does_not_swallow_it():
+    s = parse_args(["--debug"] + BASE + ["--debug", "run.sh", "out"])
+    assert s.debug is True and s.script == "run.sh" and s.script_args == ("out",)
+
+
+def test_debug_last_flag_before_double_dash():
+    s = parse_args(BASE + ["--debug", "--", "train.py"])
+    assert s.debug is True and s.script == "train.py"
+
+
+def test_debug_explicit_bad_value_names_the_flag(capsys):
+    err = _error(capsys, BASE + ["--debug=maybe", "train.py"])
+    assert "--debug" in err and "maybe" in err
+
+
+def test_explicit_debug_value_leaves_option_values_and_script_args_alone():
+    argv = ["--log_dir", "True", "--debug", "0", "--num_workers", "1", "t.py", "--debug", "1"]
+    assert launcher.explicit_debug_value(argv) == [
+        "--log_dir", "True", "--debug=0", "--num_workers", "1", "t.py", "--debug", "1"]
+
+
+def test_every_value_option_is_known_to_the_debug_scan():
+    parser = launcher.settings._build_parser()
+    takes_value = {flag for action in parser._actions if action.option_strings
+                   and action.nargs is None for flag in action.option_strings}
+    assert takes_value == set(launcher.settings.VALUE_FLAGS)
 
 
 def test_machine_list_parsed_as_tuple():
@@ -161,6 +199,16 @@ def test_other_scripts_run_with_bash():
     assert argv == ["bash", "run.sh", "1", "two words"]
 
 
+def test_shell_scripts_get_the_task_dir_first():
+    # Model-zoo scripts written for the original EPL read output_dir=$1.
+    argv = worker_command("run.sh", ["1"], PY, task_dir="/jobs/a b")
+    assert argv == ["bash", "run.sh", "/jobs/a b", "1"]
+
+
+def test_python_scripts_never_get_a_task_dir_argument():
+    assert worker_command("t.py", ["1"], PY, task_dir="/jobs/a") == [PY, "t.py", "1"]
+
+
 @pytest.mark.parametrize("count,cvd,expected", [
     (0, None, []), (0, "0,1", []), (4, None, ["0", "1", "2", "3"]),
     (8, "3,5,7", ["3", "5", "7"]), (8, "", []), (8, "-1", []), (8, "2,-1,3", ["2"]),
@@ -213,6 +261,7 @@ def test_plan_local_virtual_cpu():
         assert json.loads(spec.env["TF_CONFIG"])["task"]["index"] == i
         assert spec.env["EPL_NUM_VIRTUAL_DEVICES"] == "1"
         assert spec.env["EPL_LAUNCH_LOG_DIR"] == "logs"
+        assert spec.env["EPL_TASK_DIR"] == "logs"
         assert spec.env["PYTHONUNBUFFERED"] == "1" and spec.env["PATH"] == "/bin"
         assert "EPL_DEBUG" not in spec.env and "CUDA_VISIBLE_DEVICES" not in spec.env
         assert spec.log_path == os.path.join("logs", "worker_%d.log" % i)
@@ -226,7 +275,8 @@ def test_plan_local_gpus_with_simulated_eight_gpus():
     specs = plan_workers(settings, hosts, visible_gpu_ids(8, None), ENV, python=PY)
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0,1", "2,3", "4,5", "6,7"]
     assert all("EPL_NUM_VIRTUAL_DEVICES" not in s.env for s in specs)
-    assert specs[0].argv == ["bash", "t.sh"]
+    assert specs[0].argv == ["bash", "t.sh", "logs"]
+    assert all(s.env["EPL_TASK_DIR"] == "logs" for s in specs)
 
 
 def test_plan_too_few_gpus_names_the_numbers():
@@ -297,3 +347,93 @@ def test_main_reports_too_few_gpus(tmp_path, capsys, monkeypatch):
 def test_main_reports_missing_script(tmp_path, capsys):
     code = launcher.main(BASE + [str(tmp_path / "nope.py")], detect_gpus=lambda: 0)
     assert code == 2 and "script not found" in capsys.readouterr().err
+
+
+# --- console: line-atomic output (threads and pipes, no processes) -----------
+
+def _console(limit=launcher.console.HELD_LINES_LIMIT):
+    out = io.StringIO()
+    return launcher.console.Console(out, held_limit=limit), out
+
+
+def test_console_prints_lines_at_once_when_no_partial_line_is_open():
+    console, out = _console()
+    console.write_line("[worker 1] a\n")
+    console.write_through("zero\n")
+    console.write_line("[worker 2] b\n")
+    assert out.getvalue() == "[worker 1] a\nzero\n[worker 2] b\n"
+
+
+def test_console_holds_lines_while_the_through_worker_has_a_partial_line():
+    console, out = _console()
+    console.write_through("(Pdb) ")
+    console.write_line("[worker 1] a\n")
+    assert out.getvalue() == "(Pdb) "
+    console.write_through("p x")
+    console.write_through("\n1\n(Pdb) ")  # held lines go out before the new prompt
+    assert out.getvalue() == "(Pdb) p x\n1\n[worker 1] a\n(Pdb) "
+
+
+def test_console_end_through_finishes_the_partial_line():
+    console, out = _console()
+    console.write_through("no newline")
+    console.write_line("[worker 1] a\n")
+    console.end_through()
+    assert out.getvalue() == "no newline\n[worker 1] a\n"
+    console.end_through()  # idempotent: no stray blank line
+    assert out.getvalue() == "no newline\n[worker 1] a\n"
+
+
+def test_console_blocks_a_writer_beyond_the_held_limit():
+    console, out = _console(limit=1)
+    console.write_through("open")
+    writer = threading.Thread(target=lambda: [console.write_line("[w1] %d\n" % i)
+                                              for i in range(3)])
+    writer.start()
+    deadline = time.monotonic() + 10
+    while len(console._held) < 1:  # wait for a state, not for a duration
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    console.write_through(" line\n")
+    writer.join(timeout=10)
+    assert not writer.is_alive()
+    assert out.getvalue() == "open line\n[w1] 0\n[w1] 1\n[w1] 2\n"
+
+
+def test_console_ignores_a_broken_stdout():
+    class Broken(object):
+        def write(self, text):
+            raise BrokenPipeError()
+
+        def flush(self):
+            pass
+    console = launcher.console.Console(Broken())
+    console.write_line("x\n")
+    console.write_through("y")
+    console.end_through()
+
+
+def test_pump_lines_logs_raw_and_prints_prefixed(tmp_path):
+    console, out = _console()
+    tail = collections.deque(maxlen=2)
+    log_path = tmp_path / "w.log"
+    stream = io.BytesIO(b"one\ntwo \xff\nthree")
+    launcher.console.pump_lines(stream, 3, open(str(log_path), "ab"), console, tail)
+    assert out.getvalue() == "[worker 3] one\n[worker 3] two \ufffd\n[worker 3] three\n"
+    assert log_path.read_bytes() == b"one\ntwo \xff\nthree"
+    assert list(tail) == ["two \ufffd", "three"]
+
+
+def test_pump_through_passes_partial_lines_and_split_characters(tmp_path):
+    console, out = _console()
+    tail = collections.deque(maxlen=5)
+    log_path = tmp_path / "w0.log"
+    read_fd, write_fd = os.pipe()
+    data = "é prompt> answer\nlast".encode("utf-8")
+    for chunk in (data[:1], data[1:]):  # the "é" is split across two writes
+        os.write(write_fd, chunk)
+    os.close(write_fd)
+    launcher.console.pump_through(read_fd, open(str(log_path), "ab"), console, tail)
+    assert out.getvalue() == "é prompt> answer\nlast\n"
+    assert log_path.read_bytes() == data
+    assert list(tail) == ["é prompt> answer", "last"]

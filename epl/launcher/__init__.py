@@ -1,0 +1,34 @@
+"""epl-launch: start a multi-worker TensorFlow job, one process per worker.
+
+Usage: ``epl-launch --num_workers W --gpu_per_worker G [options] script [args...]``
+(or ``python -m epl.launcher ...``). See docs/launcher.md.
+
+Design: everything that decides *what* to run is a pure function returning
+plain data, so it can be unit-tested without starting processes; only
+`execute` touches processes. By concern:
+
+* settings.py   command line -> Settings (validation, `--debug [BOOL]`)
+* plan.py       Settings -> WorkerSpecs (TF_CONFIG, devices, commands, env)
+* console.py    worker output -> terminal and logs, lines never interleaved
+* supervisor.py execute(): start, stream, supervise, tear down
+* cli.py        main(): the few impure inputs (ports, GPUs, clock) + execute
+
+The package deliberately imports neither TensorFlow nor other epl modules: the
+launcher must start instantly and run on hosts without TF.
+"""
+from epl.launcher.cli import count_gpus, main, pick_free_ports
+from epl.launcher.plan import (LaunchError, WorkerSpec, build_tf_config, check_gpu_capacity,
+                               default_log_dir, device_env, exit_code_for, is_shell_script,
+                               local_workers, plan_workers, visible_gpu_ids, worker_command,
+                               worker_env)
+from epl.launcher.settings import (PROG, Settings, explicit_debug_value, is_local_host,
+                                   parse_args, split_host_port)
+from epl.launcher.supervisor import DEFAULT_GRACE_PERIOD, execute, stop_workers
+
+__all__ = [
+    "DEFAULT_GRACE_PERIOD", "LaunchError", "PROG", "Settings", "WorkerSpec",
+    "build_tf_config", "check_gpu_capacity", "count_gpus", "default_log_dir", "device_env",
+    "execute", "exit_code_for", "explicit_debug_value", "is_local_host", "is_shell_script",
+    "local_workers", "main", "parse_args", "pick_free_ports", "plan_workers",
+    "split_host_port", "stop_workers", "visible_gpu_ids", "worker_command", "worker_env",
+]

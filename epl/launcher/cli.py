@@ -1,0 +1,82 @@
+"""main(): the epl-launch command. Glues the pure parts to the few impure
+inputs (free ports, GPU count, clock, environment) and calls execute()."""
+import datetime
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+from epl.launcher.plan import LaunchError, default_log_dir, plan_workers, visible_gpu_ids
+from epl.launcher.settings import PROG, parse_args
+from epl.launcher.supervisor import execute
+
+
+def count_gpus():
+    """Number of NVIDIA GPUs via `nvidia-smi -L`, 0 if it is missing or fails.
+    Avoids importing TensorFlow, which would take seconds and grab the GPUs."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.decode("utf-8", "replace").splitlines()
+               if line.startswith("GPU "))
+
+
+def pick_free_ports(count, host="127.0.0.1"):
+    """`count` distinct free TCP ports. All sockets stay bound until every port
+    is read so the kernel cannot hand out the same port twice."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _describe(settings, specs, gpu_ids):
+    """One-line job summary, so the device kind (GPU vs virtual CPU) that was
+    auto-detected is never a surprise."""
+    kind = "GPU" if gpu_ids else "virtual CPU"
+    indices = ",".join(str(s.index) for s in specs)
+    return ("%s: %d worker(s) x %d %s device(s) per worker; running worker(s) %s here; "
+            "logs in %s%s" % (PROG, settings.num_workers, settings.gpu_per_worker, kind,
+                              indices, settings.log_dir, " [debug]" if settings.debug else ""))
+
+
+def _resolve_log_dir(settings):
+    """Fill in the default log directory and make it absolute: it is the task
+    directory workers receive, and a script that changes directory must still
+    find it."""
+    log_dir = settings.log_dir or default_log_dir(settings, datetime.datetime.now())
+    return settings._replace(log_dir=os.path.abspath(log_dir))
+
+
+def main(argv=None, detect_gpus=count_gpus):
+    """Parse, plan, print a one-line summary and run. `detect_gpus` is
+    injectable so tests can pretend to have GPUs (or none)."""
+    settings = parse_args(sys.argv[1:] if argv is None else argv)
+    if not os.path.isfile(settings.script):
+        sys.stderr.write("%s: error: script not found: %s\n" % (PROG, settings.script))
+        return 2
+    settings = _resolve_log_dir(settings)
+    if settings.machine_list is not None:
+        hosts = list(settings.machine_list)
+    else:
+        hosts = ["127.0.0.1:%d" % port for port in pick_free_ports(settings.num_workers)]
+    gpu_ids = visible_gpu_ids(detect_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    try:
+        specs = plan_workers(settings, hosts, gpu_ids, os.environ)
+    except LaunchError as exc:
+        sys.stderr.write("%s: error: %s\n" % (PROG, exc))
+        return 2
+    os.makedirs(settings.log_dir, exist_ok=True)
+    print(_describe(settings, specs, gpu_ids), flush=True)
+    return execute(specs)
