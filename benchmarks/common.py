@@ -455,6 +455,28 @@ def format_command(argv):
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
+def portable_path(path):
+    """``path`` as committed result files record it: relative to the checkout when
+    inside it (``.venv/bin/python``, ``benchmarks/dp_worker.py``), otherwise only its
+    last component (an interpreter found on PATH, a temporary log directory).
+
+    Results are committed, so they must not carry one machine's directories; the
+    relative forms still work when pasted at the repository root, where every job
+    runs (``run_command`` uses ``cwd=REPO``)."""
+    text = str(path)
+    if not os.path.isabs(text):
+        return text
+    if text == REPO or text.startswith(REPO + os.sep):
+        return os.path.relpath(text, REPO)
+    return os.path.basename(text.rstrip(os.sep)) or text
+
+
+def portable_command(argv):
+    """``format_command`` of ``argv`` with every absolute path made ``portable_path``;
+    for result files (failure reports keep the real paths, which help locally)."""
+    return format_command([portable_path(a) for a in argv])
+
+
 def git_revision():
     """Current commit (plus '-dirty' when the tree has changes), or None; read-only."""
     try:
@@ -493,7 +515,7 @@ def environment_info(argv=None):
     except AttributeError:
         usable = None
     return {
-        "command": format_command([sys.executable] + list(sys.argv if argv is None else argv)),
+        "command": portable_command([sys.executable] + list(sys.argv if argv is None else argv)),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
         "cpus_usable": usable,

@@ -131,7 +131,7 @@ def run_one(args, model, workers, mode, echo):
     common.discard_logs(result)
     return {"model": model, "workers": workers, "devices_per_worker": DEVICES_PER_WORKER,
             "server": mode, "launch_seconds": result.seconds,
-            "command": common.format_command(result.argv), "bench": bench[0],
+            "command": common.portable_command(result.argv), "bench": bench[0],
             "all_workers": [bench[w] for w in sorted(bench)]}
 
 

@@ -205,7 +205,7 @@ def run_job(args, runner, kind, model, batch, config, echo):
     all_workers = [bench[w] for w in sorted(bench)]
     return {"kind": kind, "model": model, "batch_per_worker": batch, "workers": workers,
             "window_steps": steps, "config": config, "launch_seconds": result.seconds,
-            "command": common.format_command(result.argv), "bench": first,
+            "command": common.portable_command(result.argv), "bench": first,
             "all_workers": all_workers,
             "other_process_cpus": common.foreign_cpus(all_workers),
             "disturbance_limit": common.disturbance_limit(workers)}
@@ -303,7 +303,7 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     runner, horovod_version = horovod_setup()
     info = common.environment_info()
-    info["horovodrun"] = runner
+    info["horovodrun"] = common.portable_path(runner)
     echo = (lambda line: print("    " + line, flush=True)) if args.verbose else None
     start = time.monotonic()
     count = [0]

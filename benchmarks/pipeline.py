@@ -184,7 +184,8 @@ def report(args, rows, records, memory):
                                   mem_rows), "",
         "Target: 1F1B peak at most %.1fx GPipe's: **%s** (worst stage %.2fx)." % (
             TARGET_MEMORY_RATIO, "met" if memory_ok else "NOT met", max(ratio)), ""])
-    payload = {"environment": info, "settings": vars(args), "speed": records,
+    settings = dict(vars(args), out=common.portable_path(args.out))
+    payload = {"environment": info, "settings": settings, "speed": records,
                "memory": memory, "memory_ratio": ratio,
                "targets": {"speedup_fraction": speed_ok, "memory_ratio": memory_ok}}
     common.write_results(args.out, "pipeline", payload, markdown)

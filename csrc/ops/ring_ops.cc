@@ -19,6 +19,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/platform/logging.h"
 
 namespace epl {
 namespace {
@@ -123,6 +124,22 @@ class ListenOp : public OpKernel {
   RingAttrs attrs_;
 };
 
+// A same-host link left on TCP makes every step of the job slower than it
+// should be, so say why (a full /dev/shm, a limit on file sizes), once per link
+// (the member hands each one out once). Between hosts TCP is the normal
+// transport, and the failure to map the peer's segment is only informational.
+void ReportFallbacks(const std::string& communicator, ring::Member* member) {
+  for (const ring::LinkFallback& link : member->TakeFallbacks()) {
+    if (link.same_host) {
+      LOG(WARNING) << "EPL ring " << communicator << ": link " << link.link
+                   << " uses TCP instead of shared memory: " << link.reason;
+    } else {
+      LOG(INFO) << "EPL ring " << communicator << ": link " << link.link
+                << " uses TCP (the members are on different hosts): " << link.reason;
+    }
+  }
+}
+
 // Async: two members of one process must connect to each other at the same
 // time, so connecting may never occupy (or run inline on) a TF executor thread.
 class ConnectOp : public AsyncOpKernel {
@@ -149,6 +166,7 @@ class ConnectOp : public AsyncOpKernel {
     std::thread([this, ctx, member, ports, out, done]() {
       ctx->SetStatus(ToStatus(member->Connect(ports, hosts_, attrs_.timeout, shared_memory_),
                               "connect " + attrs_.Where()));
+      ReportFallbacks(attrs_.communicator, member.get());
       out->scalar<int>()() = member->LinkState();
       done();
     }).detach();

@@ -19,6 +19,8 @@
 #include <sstream>
 #include <thread>
 
+#include "ring_errno.h"
+
 namespace epl {
 namespace ring {
 namespace {
@@ -35,10 +37,6 @@ const long kNapNanoseconds = 50000;
 double Now() {
   using Clock = std::chrono::steady_clock;
   return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
-
-std::string Errno(const std::string& what) {
-  return what + ": " + std::strerror(errno);
 }
 
 void Tune(int fd) {
@@ -108,6 +106,20 @@ uint64_t RandomNonce() {
   return ((static_cast<uint64_t>(device()) << 32) ^ device()) | 1;
 }
 
+// The offer to the successor: a new segment's name and nonce, or nonce 0 ("stay
+// on TCP") when shared memory is off or the segment cannot be created (`why`).
+ShmOffer MakeOffer(bool shared_memory, std::unique_ptr<ShmQueue>* mine, std::string* name,
+                   std::string* why) {
+  ShmOffer offer{};
+  offer.magic = kMagic;
+  if (!shared_memory) return offer;
+  offer.nonce = RandomNonce();
+  *mine = ShmQueue::Create(offer.nonce, kShmCapacity, name, why);
+  if (*mine) std::strncpy(offer.name, name->c_str(), sizeof(offer.name) - 1);
+  else offer.nonce = 0;
+  return offer;
+}
+
 }  // namespace
 
 Member::Member(const std::string& communicator, int rank, int size)
@@ -174,26 +186,24 @@ int Member::LinkState() const {
 
 // Offers the successor a shared-memory segment and answers the predecessor's
 // offer. A link is upgraded only when its consumer mapped the segment and said
-// so, so both ends always agree on how each link carries bytes.
+// so, so both ends always agree on how each link carries bytes. A link that
+// stays on TCP although its producer offered a segment is recorded with the
+// reason by the end that failed.
 Result Member::UpgradeLinks(bool shared_memory, double deadline) {
-  ShmOffer offer{};
-  offer.magic = kMagic;
   std::string name, why;
   std::unique_ptr<ShmQueue> mine;
-  if (shared_memory) {
-    offer.nonce = RandomNonce();
-    mine = ShmQueue::Create(offer.nonce, kShmCapacity, &name, &why);
-    if (mine) std::strncpy(offer.name, name.c_str(), sizeof(offer.name) - 1);
-    else offer.nonce = 0;
-  }
+  ShmOffer offer = MakeOffer(shared_memory, &mine, &name, &why);
+  if (shared_memory && !mine) NoteFallback(rank_, next(), why);
   ShmOffer theirs{};
   uint64_t accepted = 0, answer = 0;
   Result r = SendAll(next_fd_, reinterpret_cast<const char*>(&offer), sizeof(offer), deadline);
   if (r.ok()) r = RecvAll(prev_fd_, reinterpret_cast<char*>(&theirs), sizeof(theirs), deadline);
   if (r.ok() && theirs.magic != kMagic) r = Result::Fail("bad link offer from predecessor");
-  if (r.ok() && shared_memory && theirs.nonce != 0) {
+  if (r.ok() && theirs.nonce != 0) {
     theirs.name[sizeof(theirs.name) - 1] = 0;
-    prev_shm_ = ShmQueue::Open(theirs.name, theirs.nonce, &why);
+    std::string refused = "shared memory is turned off on " + PeerName(rank_);
+    if (shared_memory) prev_shm_ = ShmQueue::Open(theirs.name, theirs.nonce, &refused);
+    if (!prev_shm_) NoteFallback(prev(), rank_, refused);
     accepted = prev_shm_ ? 1 : 0;
   }
   if (r.ok()) r = SendAll(prev_fd_, reinterpret_cast<const char*>(&accepted), 8, deadline);
@@ -201,6 +211,23 @@ Result Member::UpgradeLinks(bool shared_memory, double deadline) {
   ShmQueue::Unlink(name);
   if (r.ok() && answer == 1) next_shm_ = std::move(mine);
   return r;
+}
+
+// Records why the link from -> to stays on TCP, once per link and process.
+void Member::NoteFallback(int from, int to, const std::string& reason) {
+  bool& noted = from == rank_ ? next_fallback_noted_ : prev_fallback_noted_;
+  if (noted) return;
+  noted = true;
+  const int hosts = static_cast<int>(hosts_.size());
+  bool same_host = from < hosts && to < hosts && hosts_[from] == hosts_[to];
+  fallbacks_.push_back({PeerName(from) + " -> " + PeerName(to), reason, same_host});
+}
+
+std::vector<LinkFallback> Member::TakeFallbacks() {
+  std::lock_guard<std::mutex> lock(setup_mu_);
+  std::vector<LinkFallback> taken;
+  taken.swap(fallbacks_);
+  return taken;
 }
 
 Result Member::Listen(int* port) {

@@ -11,7 +11,8 @@
 // shared-memory queue when both ends can map the same segment, which is the
 // case exactly when they run on the same host (see shm_queue.h). The TCP
 // connection stays open beside it: its closing tells a member that the peer's
-// process is gone. Links that cannot be upgraded keep using TCP.
+// process is gone. Links that cannot be upgraded keep using TCP, and the member
+// that hit the failure keeps the reason for the kernel to report (LinkFallback).
 #ifndef EPL_CSRC_OPS_RING_TRANSPORT_H_
 #define EPL_CSRC_OPS_RING_TRANSPORT_H_
 
@@ -51,6 +52,17 @@ struct Header {
   uint64_t bytes;
 };
 
+// A link that stays on TCP although shared memory was asked for. Recorded by the
+// end that saw the failure (the producer when it cannot create the segment, the
+// consumer when it cannot map it), so each link is explained exactly once.
+struct LinkFallback {
+  std::string link;    // "rank 0 (host:port) -> rank 1 (host:port)"
+  std::string reason;  // e.g. "reserving 2097408 bytes in /epl-ring-...: No space left on device"
+  // Both ends name the same host, so shared memory should have worked. Otherwise
+  // the failure is the normal sign of a peer on another machine.
+  bool same_host;
+};
+
 class Member {
  public:
   Member(const std::string& communicator, int rank, int size);
@@ -67,6 +79,10 @@ class Member {
   // predecessor; both framed with a Header checked against (instance, step).
   Result Exchange(uint64_t instance, uint64_t step, const char* send, size_t send_bytes,
                   char* recv, size_t recv_bytes, double timeout);
+
+  // Fallbacks recorded since the last call. A link is recorded at most once per
+  // process, however often the ring is set up again, so the log is not flooded.
+  std::vector<LinkFallback> TakeFallbacks();
 
   // Runs `work` on this member's own thread, in submission order. Collectives of
   // one member never run concurrently, and none occupies a TF executor thread.
@@ -96,6 +112,7 @@ class Member {
   Result ConnectNext(const std::string& host, int port, double timeout);
   Result AcceptPrev(double timeout);
   Result UpgradeLinks(bool shared_memory, double deadline);
+  void NoteFallback(int from, int to, const std::string& reason);
   long SendSome(const char* data, size_t bytes, std::string* error);
   long RecvSome(char* data, size_t bytes, std::string* error);
   Result WaitForLinks(bool want_send, bool want_recv, double idle_seconds);
@@ -109,6 +126,9 @@ class Member {
   int prev_fd_ = -1;
   std::unique_ptr<ShmQueue> next_shm_;  // set when the link to the successor is upgraded
   std::unique_ptr<ShmQueue> prev_shm_;  // set when the link from the predecessor is upgraded
+  std::vector<LinkFallback> fallbacks_;  // guarded by setup_mu_
+  bool next_fallback_noted_ = false;      // link rank -> next() already recorded
+  bool prev_fallback_noted_ = false;      // link prev() -> rank already recorded
   std::vector<char> scratch_[2];
   std::vector<int> ports_;
   std::vector<std::string> hosts_;

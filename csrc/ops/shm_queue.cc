@@ -11,6 +11,8 @@
 #include <cstring>
 #include <new>
 
+#include "ring_errno.h"
+
 namespace epl {
 namespace ring {
 
@@ -34,8 +36,6 @@ const size_t kPiece = 256 << 10;
 
 static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t),
               "queue counters must be plain 64-bit words in shared memory");
-
-std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 // The nonce is already random: with the pid it makes the name unique on this host.
 std::string NewName(uint64_t nonce) {
@@ -77,8 +77,7 @@ std::unique_ptr<ShmQueue> ShmQueue::Create(uint64_t nonce, size_t capacity, std:
                        : MAP_FAILED;
   close(fd);
   if (base == MAP_FAILED) {
-    *error = rc != 0 ? "reserving " + std::to_string(mapped) + " bytes in " + *name + ": " +
-                           std::strerror(rc)
+    *error = rc != 0 ? Errno("reserving " + std::to_string(mapped) + " bytes in " + *name, rc)
                      : Errno("mmap " + *name);
     Unlink(*name);
     return nullptr;
@@ -100,15 +99,19 @@ std::unique_ptr<ShmQueue> ShmQueue::Open(const std::string& name, uint64_t nonce
     *error = Errno("shm_open " + name);
     return nullptr;
   }
+  // The reason is printed when the link falls back to TCP, so keep each cause apart.
   struct stat info {};
   void* base = MAP_FAILED;
-  if (fstat(fd, &info) == 0 && static_cast<size_t>(info.st_size) > kHeaderBytes)
+  if (fstat(fd, &info) != 0) {
+    *error = Errno("fstat " + name);
+  } else if (static_cast<size_t>(info.st_size) <= kHeaderBytes) {
+    *error = name + " is too small (" + std::to_string(info.st_size) + " bytes)";
+  } else {
     base = mmap(nullptr, info.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (base == MAP_FAILED) {
-    *error = "cannot map " + name;
-    return nullptr;
+    if (base == MAP_FAILED) *error = Errno("mmap " + name);
   }
+  close(fd);
+  if (base == MAP_FAILED) return nullptr;
   const Control* control = static_cast<const Control*>(base);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (control->magic != kShmMagic || control->nonce != nonce ||

@@ -1,5 +1,11 @@
 """EPL's TCP ring backend on local virtual CPU devices: results, fp16 wire, timeouts."""
+import contextlib
+import json
 import os
+import re
+import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -11,6 +17,7 @@ from epl.communicators.ring import RingBackend
 
 pytestmark = pytest.mark.skipif(library.load() is None, reason="EPL op library not built")
 DEVICES = ["/job:localhost/replica:0/task:0/device:CPU:%d" % i for i in range(3)]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _ring(n, timeout=30, name="ring_test"):
@@ -112,3 +119,127 @@ def test_bad_shared_memory_setting_is_named(monkeypatch):
         comm.all_reduce(tf.constant([1.0]), comm.devices[0], "x")
         with pytest.raises(ValueError, match="EPL_RING_SHARED_MEMORY='maybe': expected 1 or 0"):
             comm.setup_ops()
+
+
+# ------------------------------------------------- shared memory unavailable: fall back, say why
+
+FALLBACK_LINE = re.compile(r"EPL ring (\S+)@\d+: link rank (\d+) \(127\.0\.0\.1:\d+\) -> "
+                           r"rank (\d+) \(127\.0\.0\.1:\d+\) uses TCP instead of shared "
+                           r"memory: (.*)$", re.M)
+SEGMENT_BYTES = 256 + (2 << 20)  # header + data of one queue (shm_queue.cc, ring_transport.cc)
+
+
+@contextlib.contextmanager
+def _file_size_limit(max_bytes):
+    """Lower RLIMIT_FSIZE, as an unprivileged process may, and restore it afterwards.
+
+    Sizing a shared-memory segment past the limit fails with EFBIG ("File too large"),
+    so the ring meets a real failure of ShmQueue::Create, the same path a full /dev/shm
+    takes, without root and without a test switch in the kernel. SIGXFSZ, which would
+    kill the process, is ignored meanwhile."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def _sum_on_ring(name, members, setups=1):
+    """Link states and all-reduce sums of a fresh ring; setup runs `setups` times."""
+    values = [np.arange(30001, dtype=np.float32) * (r + 1) for r in range(members)]
+    with tf.Graph().as_default():
+        comm = _ring(members, name=name)
+        sums = [comm.all_reduce(tf.constant(v), d, "sum", mean=False)
+                for v, d in zip(values, comm.devices)]
+        setup = comm.setup_ops()
+        with _session(members) as sess:
+            for _ in range(setups):
+                states = sess.run(_connect_states(setup))
+            got = sess.run(sums)
+    expected = np.sum(values, axis=0)
+    return {"states": [int(s) for s in states],
+            "correct": all(np.array_equal(g, expected) for g in got)}
+
+
+def _sum_on_mixed_ring(name):
+    """Rank 0 asks for shared memory and rank 1 does not, as when workers start with
+    different EPL_RING_SHARED_MEMORY: rank 0's offer is refused, and rank 1 says why."""
+    ops = library.load()
+    values = [np.arange(1001, dtype=np.float32) * (r + 1) for r in range(2)]
+    attrs = dict(communicator=name, size=2, timeout_seconds=30.0)
+    with tf.Graph().as_default():
+        ports = []
+        for rank in range(2):
+            with tf.device(DEVICES[rank]):
+                ports.append(ops.epl_ring_listen(rank=rank, **attrs))
+        states, sums = [], []
+        for rank in range(2):
+            with tf.device(DEVICES[rank]):
+                states.append(ops.epl_ring_connect(tf.stack(ports), rank=rank,
+                                                   hosts=["127.0.0.1"] * 2,
+                                                   shared_memory=rank == 0, **attrs))
+                with tf.control_dependencies([states[-1]]):
+                    sums.append(ops.epl_ring_all_reduce(tf.constant(values[rank]), rank=rank,
+                                                        instance_key=1, mean=False, **attrs))
+        with _session(2) as sess:
+            got_states, got = sess.run([states, sums])
+    expected = np.sum(values, axis=0)
+    return {"states": [int(s) for s in got_states],
+            "correct": all(np.array_equal(g, expected) for g in got)}
+
+
+def _fallback_child():
+    """Runs in a child process (TF caches its log level at start, and RLIMIT_FSIZE is
+    process-wide): a ring whose segments cannot be created, one with shared memory
+    turned off, one where it works. Prints one RESULT line."""
+    result = {}
+    with _file_size_limit(SEGMENT_BYTES // 2):
+        result["fails"] = _sum_on_ring("ring_shm_fails", 3, setups=2)
+    os.environ["EPL_RING_SHARED_MEMORY"] = "0"
+    result["off"] = _sum_on_ring("ring_shm_off", 2)
+    os.environ["EPL_RING_SHARED_MEMORY"] = "1"
+    result["works"] = _sum_on_ring("ring_shm_works", 2)
+    result["mixed"] = _sum_on_mixed_ring("ring_shm_mixed@1")
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ") or not os.path.isdir("/dev/shm"),
+                    reason="needs POSIX file size limits and /dev/shm")
+def test_shared_memory_fallback_says_why_once_per_link_and_the_sum_is_right():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--fallback-child"],
+                          env=env, cwd=REPO, timeout=200, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    assert result["fails"] == {"states": [1, 1, 1], "correct": True}  # TCP, right sums
+    assert result["off"] == {"states": [1, 1], "correct": True}
+    assert result["works"] == {"states": [7, 7], "correct": True}
+    assert result["mixed"] == {"states": [1, 1], "correct": True}
+    reasons = {}
+    for communicator, source, target, reason in FALLBACK_LINE.findall(proc.stderr):
+        reasons.setdefault((communicator, int(source), int(target)), []).append(reason)
+    # Every link of the failing ring is explained once, though its setup ran twice.
+    # Turning shared memory off is a choice, not a fallback, and says nothing, unless
+    # the other end of the link asked for it.
+    assert sorted(reasons) == [("ring_shm_fails", 0, 1), ("ring_shm_fails", 1, 2),
+                               ("ring_shm_fails", 2, 0), ("ring_shm_mixed", 0, 1)], \
+        proc.stderr[-3000:]
+    assert all(len(said) == 1 for said in reasons.values()), reasons
+    for (communicator, _, _), (reason,) in reasons.items():
+        if communicator == "ring_shm_fails":
+            assert re.match(r"reserving %d bytes in /epl-ring-\d+-[0-9a-f]+: File too large$"
+                            % SEGMENT_BYTES, reason), reason
+        else:
+            assert re.match(r"shared memory is turned off on rank 1 \(127\.0\.0\.1:\d+\)$",
+                            reason), reason
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--fallback-child"]:
+    sys.exit(_fallback_child())
