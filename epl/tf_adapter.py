@@ -142,7 +142,34 @@ def graph_is_nested():
     return not _ops._default_graph_stack.is_cleared()  # pylint: disable=protected-access
 
 
+def touches_state(op):
+    """True for ops that may read or change state: ops TF marks stateful (resource
+    variable updates, random ops, queues) and ops taking a ref input (ref-variable
+    updates such as Assign or ScatterAdd, which TF does not mark stateful)."""
+    return bool(op.op_def.is_stateful) or any(t.dtype._is_ref_dtype for t in op.inputs)
+
+
+_VARIABLE_READS = frozenset(["Identity", "RefIdentity", "ReadVariableOp", "VariableShape",
+                             "VarIsInitializedOp", "IsVariableInitialized", "ResourceGather",
+                             "Enter", "RefEnter", "Switch", "RefSwitch"])
+
+
+def writes_variable(op):
+    """True for ops that update a variable in place (Assign*, Scatter*, Apply*):
+    an op taking a ref or resource input that is not a plain read of it."""
+    if op.type in _VARIABLE_READS:
+        return False
+    return any(t.dtype._is_ref_dtype or t.dtype == tf.resource for t in op.inputs)
+
+
 # ---- variables at the op level (works for ref and resource variables) ---------
+VARIABLE_OP_TYPES = frozenset(["VariableV2", "Variable", "VarHandleOp"])
+
+
+def is_variable_op(op):
+    return op.type in VARIABLE_OP_TYPES
+
+
 def is_resource_variable(var_op):
     return var_op.type == "VarHandleOp"
 

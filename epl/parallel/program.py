@@ -6,6 +6,7 @@ the user put it in an ``epl.GraphKeys`` collection), what else must run so
 that every replica takes part in the step, and how to bring replicas in sync
 before the first step.
 """
+from epl.ir.traverse import ancestors
 
 
 class ParallelProgram(object):
@@ -56,16 +57,8 @@ class ParallelProgram(object):
             return ()
         key = frozenset(op.name for op in ops)
         if key not in self._reach_cache:
-            seen, stack, groups = set(), list(ops), set()
-            while stack:
-                op = stack.pop()
-                if op.name in seen:
-                    continue
-                seen.add(op.name)
-                if op.name in self.collective_ops:
-                    groups.add(self.collective_ops[op.name])
-                stack.extend(t.op for t in op.inputs)
-                stack.extend(op.control_inputs)
+            groups = set(self.collective_ops[name] for name in ancestors(ops)
+                         if name in self.collective_ops)
             self._reach_cache[key] = tuple(sorted(groups))
         return self._reach_cache[key]
 

@@ -14,6 +14,7 @@ import collections
 
 from epl import tf_adapter
 from epl.ir.phase import Phase
+from epl.ir.traverse import ancestors
 
 GET_NEXT_TYPES = frozenset([
     "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional",
@@ -33,19 +34,6 @@ def is_variable(op):
     return op.type in VARIABLE_TYPES
 
 
-def _ancestors(roots):
-    """All ops reachable backwards (data and control edges) from ``roots``."""
-    seen, stack = set(), list(roots)
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
-    return seen
-
-
 def input_pipeline_ops(tf_graph):
     """Names of ops that produce or drive the input pipeline (shared by replicas).
 
@@ -58,7 +46,7 @@ def input_pipeline_ops(tf_graph):
     get_next = [op for op in ops if op.type in GET_NEXT_TYPES and op.inputs]
     roots = [op.inputs[0].op for op in get_next]
     roots += [op for op in ops if any(t.dtype == tf_adapter.tf.variant for t in op.outputs)]
-    names = _ancestors(roots)
+    names = ancestors(roots)
     handles = set(op.inputs[0].op.name for op in get_next)
     for op in ops:
         if op.type not in GET_NEXT_TYPES and any(t.op.name in handles for t in op.inputs):

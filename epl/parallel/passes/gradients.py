@@ -17,7 +17,9 @@ import collections
 from epl import tf_adapter
 from epl.communicators.reducer import GradientReducer
 from epl.ir.phase import Phase
+from epl.ir.traverse import control_flow_interior
 from epl.parallel.passes import Pass
+from epl.runtime import gradient_accumulation as ga
 from epl.tf_adapter import tf
 
 Item = collections.namedtuple("Item", ["var", "grad"])
@@ -34,22 +36,22 @@ class GradientAggregation(Pass):
     def run(self, ctx):
         comm_config = ctx.config.communication
         mean = comm_config.gradients_reduce_method == "mean"
-        gate = _accumulation_gate(ctx) if ctx.plan.gradient_accumulation else None
+        gate = None
+        if ctx.plan.gradient_accumulation:
+            gate = ga.accumulation_gate(ctx.host, ctx.plan.num_micro_batch, ctx.epl_variables)
         dense = collections.OrderedDict()
         for item in _items(ctx):
             taskgraph = ctx.view.info(item.var.op).taskgraph
             if isinstance(item.grad, tf.IndexedSlices):
-                if gate is not None:
-                    raise NotImplementedError(
-                        "gradient accumulation with sparse (IndexedSlices) gradient of %s is "
-                        "not supported; set communication.sparse_as_dense=True"
-                        % item.var.op.name)
                 for copy in range(len(ctx.copies)):
-                    _sparse(ctx, item, taskgraph, copy, mean)
+                    _sparse(ctx, item, taskgraph, copy, mean, gate)
             else:
                 dense.setdefault(taskgraph, []).append(item)
         for taskgraph, items in dense.items():
             _reduce_taskgraph(ctx, taskgraph, _production_order(ctx, items), mean, gate)
+        if gate is not None:
+            skip, _ = control_flow_interior(ctx.tf_graph)
+            ga.gate_apply_ops(ctx.view, ga.release_token(ctx.host, gate), skip)
 
 
 def _items(ctx):
@@ -125,37 +127,31 @@ def _local_total(ctx, item, copy, device, mean, gate):
             if mean:
                 total = total / ctx.num_micro_batch
     if gate is not None:
-        total, store = _accumulate(ctx, item.var, total, device, gate, mean)
+        total, store = ga.accumulate_dense(item.var, total, device, gate, ctx.epl_variables)
+        if mean:
+            with tf.device(device), tf.name_scope("EPL_GA"):
+                total = total / ctx.plan.num_micro_batch
     return total, store
 
 
-def _accumulation_gate(ctx):
-    """A host counter bumped every run; True on every m-th run."""
-    steps = ctx.plan.num_micro_batch
-    with tf.device(ctx.host), tf.name_scope("EPL_GA"):
-        counter = tf.Variable(0, dtype=tf.int64, trainable=False, collections=[],
-                              name="counter")
-        ctx.epl_variables.append(counter)
-        count = tf.assign_add(counter, 1)
-        return tf.equal(tf.floormod(count, steps), 0)
+def _rows_unknown(tensor):
+    """``tensor`` with dim 0 statically unknown (identity at run time).
+
+    Aggregated sparse gradients have more rows than one copy's gradient
+    (gathered from replicas, concatenated over micro-batches, or the touched
+    rows of an accumulator); the optimizer's ops that read them were built
+    for the local row count, and TF refuses to rewire an input to a tensor
+    whose static shape conflicts with the old one.
+    """
+    shape = tensor.shape
+    if shape.ndims is None or shape.ndims == 0 or shape.dims[0].value is None:
+        return tensor
+    return tf.placeholder_with_default(tensor, [None] + shape.as_list()[1:])
 
 
-def _accumulate(ctx, var, local, device, pred, mean):
-    """(gradient released on apply runs, op that stores the running sum)."""
-    steps = ctx.plan.num_micro_batch
-    with tf.device(device), tf.name_scope("EPL_GA"):
-        acc = tf.Variable(tf.zeros(var.shape, local.dtype), trainable=False, collections=[],
-                          name="accumulator")
-        ctx.epl_variables.append(acc)
-        total = acc + local
-        store = tf.assign(acc, total * (1 - tf.cast(pred, total.dtype)))
-        released = tf_adapter.switch(total, pred)[1]
-        if mean:
-            released = released / steps
-    return released, store.op
-
-
-def _sparse(ctx, item, taskgraph, copy, mean):
+def _sparse(ctx, item, taskgraph, copy, mean, gate):
+    """Aggregate one IndexedSlices gradient of ``copy``: concatenate micro-batches,
+    accumulate (GA) or all-gather rows over the group, and rewire its consumers."""
     comm = ctx.communicator("grads", taskgraph)
     device = ctx.device(taskgraph, copy)
     grad = item.grad
@@ -166,14 +162,46 @@ def _sparse(ctx, item, taskgraph, copy, mean):
     with tf.device(device):
         new_values = tf.concat(values, 0) if len(values) > 1 else values[0]
         new_indices = tf.concat(indices, 0) if len(indices) > 1 else indices[0]
+    if gate is not None:
+        new_values, new_indices, store = _sparse_accumulated(
+            ctx, item, comm, device, new_values, new_indices, mean, gate)
+        for op in consumers_v + consumers_i:
+            tf_adapter.add_control_inputs(op, [store])
+    else:
+        new_values, new_indices = _sparse_gathered(
+            ctx, item, comm, device, new_values, new_indices, mean)
+    with tf.device(device), tf.name_scope("EPL_SPARSE"):
+        ctx.rewire(values[0], _rows_unknown(new_values), consumers_v)
+        ctx.rewire(indices[0], _rows_unknown(new_indices), consumers_i)
+
+
+def _sparse_gathered(ctx, item, comm, device, values, indices, mean):
+    """All-gather rows from every member; mean divides by micro-batches x members."""
     scale = ctx.num_micro_batch if mean else 1
     name = item.var.op.name
     if comm.group_size > 1:
-        new_values = comm.all_gather(new_values, device, "grad_values/" + name)
-        new_indices = comm.all_gather(new_indices, device, "grad_indices/" + name)
+        values = comm.all_gather(values, device, "grad_values/" + name)
+        indices = comm.all_gather(indices, device, "grad_indices/" + name)
         scale *= comm.group_size if mean else 1
     if scale > 1:
         with tf.device(device):
-            new_values = new_values / tf.cast(scale, new_values.dtype)
-    ctx.rewire(values[0], new_values, consumers_v)
-    ctx.rewire(indices[0], new_indices, consumers_i)
+            values = values / tf.cast(scale, values.dtype)
+    return values, indices
+
+
+def _sparse_accumulated(ctx, item, comm, device, values, indices, mean, gate):
+    """Accumulate into a dense buffer; on apply runs all-reduce it (replicas touch
+    different rows, so their row lists cannot be gathered as equal shapes) and
+    release the touched rows. Returns (values, indices, store op)."""
+    released = ga.accumulate_sparse(item.var, values, indices, device, gate,
+                                    ctx.epl_variables)
+    dense, touched = released.dense, released.touched
+    name = item.var.op.name
+    if comm.group_size > 1:
+        dense = comm.all_reduce(dense, device, "grad_dense/" + name, mean=mean)
+        touched = comm.all_reduce(touched, device, "grad_rows/" + name, mean=False)
+    with tf.device(device), tf.name_scope("EPL_GA"):
+        new_values, new_indices = ga.sparse_rows(dense, touched, indices.dtype)
+        if mean:
+            new_values = new_values / ctx.plan.num_micro_batch
+    return new_values, new_indices, released.store

@@ -1,5 +1,7 @@
 """Pipeline micro-batches: clone forward and backward ops of copy 0 per micro-batch."""
+from epl import tf_adapter
 from epl.ir.phase import Phase
+from epl.ir.traverse import control_flow_interior
 from epl.parallel.clone import clone_ops
 from epl.parallel.passes import Pass
 from epl.parallel.roles import is_variable
@@ -35,3 +37,23 @@ class MicroBatchClone(Pass):
                 table[source.name] = new_op
                 ctx.view.record_clone(new_op, ctx.view.info(source), 0, micro_batch,
                                       source.name)
+        _order_shared_writes(ctx, sources)
+
+
+def _order_shared_writes(ctx, sources):
+    """Micro-batch m's in-place writes to shared variables wait for micro-batch m-1's.
+
+    Micro-batches share variables; forward-phase writes such as batch norm's
+    moving statistics (``moving_mean -= (moving_mean - mean) * (1 - decay)``)
+    must happen in micro-batch order, like serial runs, or the result depends on
+    thread timing. Every schedule runs a stage's forwards (and backwards) in
+    micro-batch order, so this adds no wait the schedule does not already imply.
+    Ops inside while loops cannot take control inputs and are left alone.
+    """
+    no_entrance, _ = control_flow_interior(ctx.tf_graph)
+    for source in sources:
+        if source.name in no_entrance or not tf_adapter.writes_variable(source):
+            continue
+        for micro_batch in range(1, ctx.num_micro_batch):
+            tf_adapter.add_control_inputs(ctx.instance(source, 0, micro_batch),
+                                          [ctx.instance(source, 0, micro_batch - 1)])

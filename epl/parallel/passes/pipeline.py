@@ -15,13 +15,12 @@ invalid and an untaken branch would kill the barrier.
 """
 from epl import tf_adapter
 from epl.ir.phase import Phase
+from epl.ir.traverse import ancestors, control_flow_interior
 from epl.parallel.passes import Pass
 from epl.strategies.schedule import get_schedule, validate
 from epl.tf_adapter import tf
 
 _KINDS = {Phase.FORWARD: "F", Phase.BACKWARD: "B"}
-_LOOP_ENTRY, _LOOP_EXIT = ("Enter", "RefEnter"), ("Exit", "RefExit")
-_MERGE, _SWITCH = ("Merge", "RefMerge"), ("Switch", "RefSwitch")
 
 
 class ScheduleLowering(Pass):
@@ -73,17 +72,11 @@ def _action_keys(ctx, copy):
             for tensor in tensors:
                 roots += [ctx.tensor_instance(tensor, copy, m).op
                           for m in range(ctx.num_micro_batch)]
-    keys, seen, stack = {}, set(), roots
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        info = ctx.view.info(op)
+    keys = {}
+    for name in ancestors(roots):
+        info = ctx.view.info(name)
         if info is not None and info.replica == copy and info.phase in _KINDS:
-            keys[op.name] = (info.taskgraph, _KINDS[info.phase], info.micro_batch)
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
+            keys[name] = (info.taskgraph, _KINDS[info.phase], info.micro_batch)
     return keys
 
 
@@ -110,34 +103,3 @@ def _leaves_action(ctx, op, key, keys):
             if other is None and info is not None and info.phase in (Phase.EPL, Phase.APPLY):
                 return True
     return False
-
-
-def control_flow_interior(tf_graph):
-    """(ops that cannot take control inputs, ops that cannot be barrier inputs).
-
-    Found structurally (cloned ops carry no Python control-flow context):
-    loop bodies are what is reachable from Enter ops before Exit ops; cond
-    branches are what is reachable from Switch outputs before Merge ops.
-    """
-    ops = tf_graph.get_operations()
-    loop = _reach([op for op in ops if op.type in _LOOP_ENTRY], stop=_LOOP_EXIT)
-    branch = _reach([c for op in ops if op.type in _SWITCH for t in op.outputs
-                     for c in t.consumers()], stop=_MERGE + _LOOP_EXIT, include_stop=False)
-    entry = set(op.name for op in ops if op.type in _LOOP_ENTRY)
-    exit_ = set(op.name for op in ops if op.type in _LOOP_EXIT)
-    return loop - entry, (loop - exit_) | branch
-
-
-def _reach(starts, stop, include_stop=True):
-    seen, stack = set(), list(starts)
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        if op.type in stop:
-            if include_stop:
-                seen.add(op.name)
-            continue
-        seen.add(op.name)
-        stack.extend(c for t in op.outputs for c in t.consumers())
-    return seen

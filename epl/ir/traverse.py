@@ -1,0 +1,62 @@
+"""Graph traversal: the one walk over data and control edges every pass uses."""
+
+_LOOP_ENTRY, _LOOP_EXIT = ("Enter", "RefEnter"), ("Exit", "RefExit")
+_MERGE, _SWITCH = ("Merge", "RefMerge"), ("Switch", "RefSwitch")
+
+
+def ancestors(roots, stop=None):
+    """Names of ``roots`` and every op they reach backwards (data and control edges).
+
+    ``stop(op)`` (optional) returns True for ops whose inputs are not followed;
+    such ops are still included.
+    """
+    seen, stack = set(), list(roots)
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if stop is not None and stop(op):
+            continue
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return seen
+
+
+def descendants(starts, stop=None, include_stop=True):
+    """Names of ``starts`` and every op their outputs reach (data edges only).
+
+    The walk does not continue past ops for which ``stop(op)`` is True; those
+    are included only when ``include_stop``.
+    """
+    seen, visited, stack = set(), set(), list(starts)
+    while stack:
+        op = stack.pop()
+        if op.name in visited:
+            continue
+        visited.add(op.name)
+        if stop is not None and stop(op):
+            if include_stop:
+                seen.add(op.name)
+            continue
+        seen.add(op.name)
+        stack.extend(c for t in op.outputs for c in t.consumers())
+    return seen
+
+
+def control_flow_interior(tf_graph):
+    """(ops that cannot take control inputs, ops that cannot be barrier inputs).
+
+    Found structurally (cloned ops carry no Python control-flow context):
+    loop bodies are what is reachable from Enter ops before Exit ops; cond
+    branches are what is reachable from Switch outputs before Merge ops.
+    """
+    ops = tf_graph.get_operations()
+    loop = descendants([op for op in ops if op.type in _LOOP_ENTRY],
+                       stop=lambda op: op.type in _LOOP_EXIT)
+    branch = descendants([c for op in ops if op.type in _SWITCH for t in op.outputs
+                          for c in t.consumers()],
+                         stop=lambda op: op.type in _MERGE + _LOOP_EXIT, include_stop=False)
+    entry = set(op.name for op in ops if op.type in _LOOP_ENTRY)
+    exit_ = set(op.name for op in ops if op.type in _LOOP_EXIT)
+    return loop - entry, (loop - exit_) | branch

@@ -1,0 +1,127 @@
+"""Gradient accumulation: apply once every ``m`` session runs.
+
+One TaskGraph with ``pipeline.num_micro_batch = m > 1``: each run adds this
+run's gradient to an accumulator variable; every m-th run the accumulated sum
+is released through a Switch (so on the other runs everything downstream,
+the all-reduce and the update included, is dead and does not run) and the
+accumulator is reset. The graph does not grow with m, unlike cloning the
+model per micro-batch.
+
+Sparse gradients (IndexedSlices) accumulate into a dense buffer of the
+variable's shape plus a per-row count of how often a row was touched; the
+release is again an IndexedSlices over the touched rows, so a sparse optimizer
+update (momentum, Adagrad) changes exactly the rows that serial training on
+the whole global batch would change. The dense buffer costs one variable-sized
+add per run; see docs/pipeline.md.
+"""
+import collections
+
+from epl import tf_adapter
+from epl.ir.traverse import ancestors
+from epl.tf_adapter import tf
+
+Released = collections.namedtuple("Released", ["value", "store"])
+SparseReleased = collections.namedtuple("SparseReleased", ["dense", "touched", "store"])
+
+
+def accumulation_gate(host, steps, epl_variables):
+    """A counter on ``host`` bumped every run; the returned bool is True every
+    ``steps``-th run. The counter is EPL state, (re)initialized by the sync op."""
+    with tf.device(host), tf.name_scope("EPL_GA"):
+        counter = tf.Variable(0, dtype=tf.int64, trainable=False, collections=[],
+                              name="counter")
+        epl_variables.append(counter)
+        count = tf.assign_add(counter, 1)
+        return tf.equal(tf.floormod(count, steps), 0)
+
+
+def _buffer(shape, dtype, name, epl_variables):
+    acc = tf.Variable(tf.zeros(shape, dtype), trainable=False, collections=[], name=name)
+    epl_variables.append(acc)
+    return acc
+
+
+def _keep(pred, dtype):
+    """0 on release runs (the accumulator starts over), 1 otherwise."""
+    return 1 - tf.cast(pred, dtype)
+
+
+def accumulate_dense(var, local, device, pred, epl_variables):
+    """(running sum released on apply runs, op storing the running sum)."""
+    with tf.device(device), tf.name_scope("EPL_GA"):
+        acc = _buffer(var.shape, local.dtype, "accumulator", epl_variables)
+        total = acc + local
+        store = tf.assign(acc, total * _keep(pred, total.dtype))
+        return Released(tf_adapter.switch(total, pred)[1], store.op)
+
+
+def accumulate_sparse(var, values, indices, device, pred, epl_variables):
+    """Accumulate an IndexedSlices gradient of ``var``.
+
+    Returns the dense sum and per-row touch counts, both released (alive) only
+    on apply runs, and the op storing them. ``scatter_nd`` sums duplicate
+    indices, as the optimizers' own de-duplication does.
+    """
+    shape = tf_adapter.variable_shape(var.op)
+    if not shape.is_fully_defined():
+        raise ValueError("gradient accumulation of the sparse gradient of %s needs a fully "
+                         "defined variable shape, got %s" % (var.op.name, shape))
+    rows = shape.as_list()[0]
+    with tf.device(device), tf.name_scope("EPL_GA"):
+        acc = _buffer(shape, values.dtype, "sparse_accumulator", epl_variables)
+        counts = _buffer([rows], values.dtype, "touched_rows", epl_variables)
+        where = tf.expand_dims(tf.cast(indices, tf.int64), 1)
+        total = acc + tf.scatter_nd(where, values, shape)
+        touched = counts + tf.scatter_nd(where, tf.ones_like(indices, values.dtype), [rows])
+        keep = _keep(pred, total.dtype)
+        store = tf.group(tf.assign(acc, total * keep), tf.assign(counts, touched * keep))
+        return SparseReleased(tf_adapter.switch(total, pred)[1],
+                              tf_adapter.switch(touched, pred)[1], store)
+
+
+def sparse_rows(dense, touched, index_dtype):
+    """(values, indices) of the rows of ``dense`` with a non-zero touch count."""
+    rows = tf.where(touched > 0)[:, 0]
+    return tf.gather(dense, rows), tf.cast(rows, index_dtype)
+
+
+def release_token(host, pred):
+    """An op that is alive only on release runs: a control input from it makes
+    any op dead (skipped) on the other runs."""
+    with tf.device(host), tf.name_scope("EPL_GA"):
+        return tf.identity(tf_adapter.switch(pred, pred)[1], name="release").op
+
+
+def _initializer_closure(tf_graph):
+    """Names of variable initializers and everything they read: never gated, or
+    ``global_variables_initializer`` would find them dead."""
+    roots = []
+    for key in (tf.GraphKeys.GLOBAL_VARIABLES, tf.GraphKeys.LOCAL_VARIABLES):
+        roots += [v.initializer for v in tf_graph.get_collection(key)]
+    return ancestors(roots)
+
+
+def gate_apply_ops(view, token, skip=()):
+    """Make every stateful op of the apply phase wait for ``token``.
+
+    Dead gradients already stop the update kernels on accumulation runs, but an
+    optimizer may also change state without reading the gradient: sparse Adam
+    decays its moment slots with ``assign(m, m * beta1)`` before adding the
+    gradient rows, and that op would run (and decay the slots) on every run.
+    Initializers (and what they read) stay ungated; ``skip`` names ops that
+    cannot take control inputs (inside while loops).
+    """
+    tf_graph = view.tf_graph
+    keep = _initializer_closure(tf_graph)
+    gated = 0
+    for op in tf_graph.get_operations():
+        info = view.info(op)
+        if info is None or info.phase != "apply" or op.name in skip:
+            continue
+        if op.name in keep or (info.origin and info.origin in keep):
+            continue
+        if not tf_adapter.touches_state(op) or tf_adapter.is_variable_op(op):
+            continue
+        tf_adapter.add_control_inputs(op, [token])
+        gated += 1
+    return gated

@@ -1,0 +1,39 @@
+"""The real-model corpus and odd sizes across workers (in-process servers).
+
+Layouts 2 workers x 1 device and 2 x 2; each worker's copies must match the
+serial reference. Moving statistics are compared on worker 0's replica 0 only
+(every replica keeps the statistics of its own batches).
+"""
+import os
+
+import pytest
+
+import corpusutil
+from eplutil import MEASURED
+from realmodels import CORPUS, OddSizes
+
+TOL = 2e-5
+
+
+def _check(model, workers, devices, config=None, tol=TOL):
+    slices = workers * devices
+    arrays = model.data(slices * model.batch * corpusutil.STEPS)
+    _, reference = corpusutil.serial_reference(model, arrays, slices, stats="first")
+    results = corpusutil.run_workers_dp(model, arrays, workers, devices, config)
+    for worker, (_, copies) in enumerate(results):
+        worst, where = corpusutil.max_difference(reference, copies,
+                                                 "first" if worker == 0 else "skip")
+        MEASURED.append((os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0], worst))
+        assert worst < tol, "worker %d: %s differs from serial training by %.3g" % (
+            worker, where, worst)
+
+
+@pytest.mark.parametrize("model_class", CORPUS, ids=[c.name for c in CORPUS])
+def test_corpus_two_workers(model_class):
+    _check(model_class(), 2, 1)
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_odd_sizes_two_workers_two_devices(fp16):
+    config = {"communication.max_splits": 3, "communication.fp16": fp16}
+    _check(OddSizes(), 2, 2, config, 2e-3 if fp16 else TOL)
