@@ -142,6 +142,19 @@ def graph_is_nested():
     return not _ops._default_graph_stack.is_cleared()  # pylint: disable=protected-access
 
 
+def with_unknown_rows(tensor):
+    """``tensor`` with dim 0 statically unknown (an identity at run time).
+
+    EPL hands ops tensors with more or fewer rows than they were built for
+    (gathered sparse gradients, a slice of a split batch), and TF refuses to
+    rewire an input to a tensor whose static shape conflicts with the old one.
+    """
+    shape = tensor.shape
+    if shape.ndims is None or shape.ndims == 0 or shape.dims[0].value is None:
+        return tensor
+    return tf.placeholder_with_default(tensor, [None] + shape.as_list()[1:])
+
+
 def touches_state(op):
     """True for ops that may read or change state: ops TF marks stateful (resource
     variable updates, random ops, queues) and ops taking a ref input (ref-variable

@@ -22,8 +22,9 @@ from realmodels import MOVING_STATS, no_stage
 STEPS = 3
 
 
-def dataset(arrays, batch):
-    data = tf.data.Dataset.from_tensor_slices(tuple(arrays)).batch(batch, drop_remainder=True)
+def dataset(arrays, batch, static=True):
+    """Batches of ``batch`` rows; ``static`` fixes the batch size in the graph."""
+    data = tf.data.Dataset.from_tensor_slices(tuple(arrays)).batch(batch, drop_remainder=static)
     return tf.data.make_one_shot_iterator(data).get_next()
 
 
@@ -65,8 +66,9 @@ def _copies(sess):
     return dict((name, copy_values(sess, name)) for name in program.variable_copies)
 
 
-def _train(model, arrays, runs, stage=no_stage, collect=True, monitored=False):
-    loss = model.loss(dataset(arrays, model.batch), stage)
+def _train(model, arrays, runs, stage=no_stage, collect=True, monitored=False, batch=None,
+           static=True):
+    loss = model.loss(dataset(arrays, batch or model.batch, static), stage)
     if collect:
         epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
     train = model.train_op(loss)
@@ -105,14 +107,23 @@ def run_ga(model, arrays, micro_batches, config=None, steps=STEPS):
     return _train(model, arrays, steps * micro_batches, collect=False)
 
 
-def run_workers_dp(model, arrays, workers, devices=1, config=None, steps=STEPS):
-    """Data parallelism over ``workers`` in-process workers x ``devices`` each."""
+def run_workers_dp(model, arrays, workers, devices=1, config=None, steps=STEPS,
+                   device_count=1, static=True):
+    """Data parallelism over ``workers`` in-process workers x ``devices`` each.
+
+    With ``device_count=k`` one replica spans k devices: each worker reads its
+    own batches for its part of the replica and, when the batch size is dynamic
+    (``static=False``), splits them over its devices of it, so every device
+    still sees ``model.batch`` rows. With a static batch size every copy pulls
+    ``model.batch`` rows of its own.
+    """
     per_worker = devices * model.batch
+    batch = model.batch * min(device_count, devices) if not static else model.batch
 
     def worker(index):
         rows = [worker_rows(a, steps, workers, per_worker, index) for a in arrays]
-        epl.set_default_strategy(epl.replicate(1))
-        return _train(model, rows, steps)
+        epl.set_default_strategy(epl.replicate(device_count))
+        return _train(model, rows, steps, batch=batch, static=static)
 
     return run_workers(worker, workers, devices, epl.Config(config or {}), timeout=240)
 

@@ -39,8 +39,8 @@ class Graph(object):
         self.taskgraphs = []
         self.op_info = {}
         self.owner = None               # the epl.Env that created this view
-        self.apply_calls = []           # one [(grad, var), ...] list per apply_gradients
-        self.raw_grads = {}             # variable op name -> gradient from tf.gradients
+        self.gradient_calls = []        # GradientCall per tf.gradients call
+        self.apply_calls = []           # ApplyCall per optimizer.apply_gradients call
         self.collections = dict((key, []) for key in GraphKeys.ALL)
         self.parallel = None            # the rewrite's result, once it has run
         self.rewrite_error = None       # why the rewrite failed, if it did
@@ -78,6 +78,19 @@ class Graph(object):
     @property
     def phase(self):
         return self._phases[-1]
+
+    def raw_gradient(self, var_op_name):
+        """The gradient ``tf.gradients`` last returned for a variable, or None."""
+        for call in reversed(self.gradient_calls):
+            grad = call.gradient_of(var_op_name)
+            if grad is not None:
+                return grad
+        return None
+
+    @property
+    def has_training_step(self):
+        """True once an optimizer applied gradients (there is a step to parallelize)."""
+        return any(len(call) for call in self.apply_calls)
 
     def info(self, op_or_name):
         name = op_or_name if isinstance(op_or_name, str) else op_or_name.name
@@ -120,9 +133,9 @@ class Graph(object):
         else:
             self._resolving[-1].append(op)
 
-    def record_clone(self, op, source_info, replica, micro_batch, origin):
+    def record_clone(self, op, source_info, copy, micro_batch, origin):
         """Register an op the rewrite cloned from a user op."""
-        info = OpInfo(source_info.taskgraph, source_info.phase, replica, micro_batch, origin)
+        info = OpInfo(source_info.taskgraph, source_info.phase, copy, micro_batch, origin)
         self.op_info[op.name] = info
         if info.taskgraph is not None:
             self.taskgraphs[info.taskgraph].op_names.append(op.name)
@@ -135,7 +148,7 @@ class Graph(object):
             info = self.op_info.get(tensor_op.name)
             if info is None or info.phase not in (Phase.BACKWARD, Phase.APPLY):
                 continue
-            if info.replica or info.micro_batch:
+            if info.copy or info.micro_batch:
                 continue
             rank = (info.phase == Phase.APPLY, info.taskgraph or 0)
             if best is None or rank > best[0]:
@@ -213,7 +226,7 @@ class Graph(object):
         self._frozen = True
 
     # ---- queries ---------------------------------------------------------------
-    def ops(self, taskgraph=None, phases=None, replica=0, micro_batch=0):
+    def ops(self, taskgraph=None, phases=None, copy=0, micro_batch=0):
         """tf.Operations matching the filters, in creation order."""
         graph = self.tf_graph
         result = []
@@ -225,7 +238,7 @@ class Graph(object):
                 continue
             if phases is not None and info.phase not in phases:
                 continue
-            if replica is not None and info.replica != replica:
+            if copy is not None and info.copy != copy:
                 continue
             if micro_batch is not None and info.micro_batch != micro_batch:
                 continue
@@ -236,7 +249,7 @@ class Graph(object):
         counts = dict((phase, 0) for phase in Phase.ALL)
         for name in taskgraph.op_names:
             info = self.op_info[name]
-            if info.replica == 0 and info.micro_batch == 0:
+            if info.copy == 0 and info.micro_batch == 0:
                 counts[info.phase] += 1
         return counts
 

@@ -5,23 +5,24 @@ from epl.strategies.base import REPLICATE, Replicate
 class OpInfo(object):
     """Side-table record of one op: where it belongs in the parallel program.
 
-    ``taskgraph`` is an index (None while unresolved); ``replica`` and
-    ``micro_batch`` are 0 for the user's own ops; ``origin`` names the user op
-    a clone was made from (None for user ops).
+    ``taskgraph`` is an index (None while unresolved); ``copy`` is the local
+    copy of the model the op belongs to (see :class:`epl.parallel.mesh.Copy`)
+    and ``micro_batch`` its micro-batch, both 0 for the user's own ops;
+    ``origin`` names the user op a clone was made from (None for user ops).
     """
 
-    __slots__ = ("taskgraph", "phase", "replica", "micro_batch", "origin")
+    __slots__ = ("taskgraph", "phase", "copy", "micro_batch", "origin")
 
-    def __init__(self, taskgraph, phase, replica=0, micro_batch=0, origin=None):
+    def __init__(self, taskgraph, phase, copy=0, micro_batch=0, origin=None):
         self.taskgraph = taskgraph
         self.phase = phase
-        self.replica = replica
+        self.copy = copy
         self.micro_batch = micro_batch
         self.origin = origin
 
     def __repr__(self):
-        return "OpInfo(tg=%s, %s, replica=%d, micro_batch=%d%s)" % (
-            self.taskgraph, self.phase, self.replica, self.micro_batch,
+        return "OpInfo(tg=%s, %s, copy=%d, micro_batch=%d%s)" % (
+            self.taskgraph, self.phase, self.copy, self.micro_batch,
             ", origin=%s" % self.origin if self.origin else "")
 
 

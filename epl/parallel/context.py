@@ -1,17 +1,27 @@
-"""State shared by the rewrite passes of one graph (explicit, no globals)."""
+"""State shared by the rewrite passes of one graph (explicit, no globals).
+
+Passes read the plan, the IR view and the per-copy records from here, and record
+their results in the ParallelProgram. Communication groups come from the plan
+(:mod:`epl.parallel.mesh`); a pass asks ``ctx.communicator(group, purpose)`` and
+never makes up a group.
+"""
 from epl import tf_adapter
 from epl.communicators import Communicator, KeyRegistry
 from epl.parallel.program import ParallelProgram
+
+# Communicators over one group, one per purpose: the collectives of one purpose
+# are ordered on a ring member, and a fetch of a merged loss must not wait for
+# the gradient all-reduce (or drag it into a loss-only run).
+GRADIENTS, OUTPUTS, SYNC, LAYERS = "grads", "outputs", "sync", "layers"
 
 
 class RewriteContext(object):
     """What every pass reads and extends.
 
-    ``copies`` lists this worker's copies of the model as (replica, device)
-    pairs: copy 0 is the user's graph; with ``replicate(device_count=k)`` a
-    model replica has k copies that split its batch. ``instances[(copy,
-    micro_batch)]`` maps a user op name to its clone (shared ops map to
-    themselves).
+    ``copies`` are this worker's :class:`epl.parallel.mesh.Copy` records: copy 0
+    is the user's graph, the others are clones. ``instances[(copy, micro_batch)]``
+    maps a user op name to its clone (shared ops map to themselves).
+    ``records`` holds the build-time gradient and apply calls of the IR.
     """
 
     def __init__(self, view, config, cluster, plan):
@@ -21,26 +31,20 @@ class RewriteContext(object):
         self.cluster = cluster
         self.plan = plan
         self.worker = cluster.worker_index
-        self.copies = self._local_copies(plan, self.worker)
+        self.copies = plan.copies_of(self.worker)
         self.num_micro_batch = plan.num_micro_batch if plan.pipeline else 1
         self.instances = {}
         self.roles = None
         self.keys = KeyRegistry()
-        self.prepare_ops = []      # run once before the first step (broadcasts)
-        self.epl_variables = []    # EPL's own state (accumulators), initialized then too
+        self.epl_variables = []    # EPL's own state (accumulators), initialized by the sync op
+        self.split_inputs = set()  # get-next ops whose batch BatchSplit splits over copies
         self.program = ParallelProgram(plan, self.worker, len(self.copies))
         self._communicators = {}
-
-    @staticmethod
-    def _local_copies(plan, worker):
-        width = plan.taskgraphs[0].device_count
-        return [(replica, j) for replica in plan.replicas_built_by(worker) for j in range(width)]
 
     # ---- devices -----------------------------------------------------------------
     def device(self, taskgraph, copy):
         """Compute device of ``taskgraph`` in local copy ``copy``."""
-        replica, j = self.copies[copy]
-        return self.plan.taskgraphs[taskgraph].devices[replica][j]
+        return self.copies[copy].devices[taskgraph]
 
     @property
     def host(self):
@@ -55,6 +59,27 @@ class RewriteContext(object):
         if info.taskgraph is None:
             raise RuntimeError("op %s (%s) has no TaskGraph: %r" % (op.name, op.type, info))
         return self.device(info.taskgraph, copy)
+
+    def taskgraph_of(self, op):
+        return self.view.info(op).taskgraph
+
+    def weight_position(self, taskgraph, copy):
+        """Which weights ``copy`` holds for ``taskgraph``: its shard for split
+        TaskGraphs, 0 for replicate ones (every position holds them all)."""
+        tg_plan = self.plan.taskgraphs[taskgraph]
+        return self.copies[copy].position if tg_plan.kind == "split" else 0
+
+    def dp_group(self, taskgraph, copy):
+        """The data-parallel group of ``copy``'s weights of ``taskgraph``."""
+        return self.plan.taskgraphs[taskgraph].dp_group(self.weight_position(taskgraph, copy))
+
+    def readers(self):
+        """[(reader copy, [copies sharing its batch])]: per model replica, the first
+        local copy pulls the input and the others take slices of it."""
+        groups = {}
+        for index, copy in enumerate(self.copies):
+            groups.setdefault(copy.replica, []).append(index)
+        return [(members[0], members) for _, members in sorted(groups.items())]
 
     # ---- instances -----------------------------------------------------------------
     def instance(self, op, copy, micro_batch=0):
@@ -71,17 +96,13 @@ class RewriteContext(object):
         return op.name not in self.roles.shared
 
     # ---- communication ---------------------------------------------------------------
-    def communicator(self, purpose, taskgraph):
-        """The collective group over every device holding ``taskgraph``."""
-        devices = self.plan.taskgraphs[taskgraph].all_devices
-        return self.group("%s/%s" % (purpose, self.plan.taskgraphs[taskgraph].name), devices)
-
-    def group(self, name, devices):
-        """The collective group ``name`` over ``devices`` (created once)."""
+    def communicator(self, group, purpose):
+        """The Communicator of plan group ``group`` for ``purpose`` (created once)."""
+        name = "%s/%s" % (purpose, group.name)
         if name not in self._communicators:
-            self._communicators[name] = Communicator(name, devices, self.keys,
+            self._communicators[name] = Communicator(name, group.devices, self.keys,
                                                      context=self._backend_context())
-            self.program.groups.append((name, tuple(devices)))
+            self.program.groups.append((name, tuple(group.devices)))
         return self._communicators[name]
 
     def _backend_context(self):
@@ -94,20 +115,6 @@ class RewriteContext(object):
 
     def communicators(self):
         return list(self._communicators.values())
-
-    def driver_devices(self, taskgraph):
-        """One device of ``taskgraph`` per driver worker: its first local copy's."""
-        tg_plan = self.plan.taskgraphs[taskgraph]
-        return tuple(tg_plan.devices[self.plan.replicas_built_by(w)[0]][0] for w in self.drivers)
-
-    @property
-    def drivers(self):
-        """Workers that build a model replica (the others only serve devices)."""
-        return sorted(set(self.plan.constructor_of(r) for r in range(self.plan.num_replicas)))
-
-    def host_communicator(self, purpose):
-        """A group with the host CPU of every driver worker (per-worker state: the step)."""
-        return self.group(purpose, tuple(self.cluster.worker_cpu(w) for w in self.drivers))
 
     def rewire(self, tensor, new_tensor, consumers):
         """Point ``consumers``' inputs that read ``tensor`` at ``new_tensor``."""
@@ -122,13 +129,11 @@ class RewriteContext(object):
         for var_op in self.roles.variables:
             program.variable_copies[var_op.name] = [
                 self.instance(var_op, copy) for copy in range(len(self.copies))]
-        peers = set()
+        peers = set(self.plan.drivers)
         for comm in self._communicators.values():
             for op_name in comm.op_names:
                 program.collective_ops[op_name] = comm.name
             peers.update(self.plan.worker_of.get(d, self.worker) for d in comm.devices)
-        for worker in self.drivers:
-            peers.add(worker)
         program.timeout = self.config.communication.timeout
         if self.cluster.distributed:
             program.worker_label = "worker %d (%s)" % (self.worker,

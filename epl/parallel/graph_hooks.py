@@ -12,6 +12,7 @@ import inspect
 from epl import tf_adapter
 from epl.ir.graph import Graph
 from epl.ir.phase import Phase
+from epl.ir.records import ApplyCall, GradientCall, as_list
 from epl.parallel.hooks import Patch
 from epl.strategies.context import get_context
 
@@ -48,7 +49,9 @@ def _wrap_gradients(original, provider):
             grads = original(*bound.args, **bound.kwargs)
             if provider().config.communication.sparse_as_dense:
                 grads = [_densify(g) for g in grads]
-        _record_raw_gradients(view, bound.arguments["xs"], grads)
+        view.gradient_calls.append(GradientCall(
+            as_list(bound.arguments["ys"]), as_list(bound.arguments["xs"]),
+            as_list(bound.arguments.get("grad_ys")), list(grads)))
         return grads
     return gradients_helper
 
@@ -60,20 +63,6 @@ def _densify(grad):
     return grad
 
 
-def _record_raw_gradients(view, xs, grads):
-    """Remember each variable's gradient as tf.gradients returned it.
-
-    ``communication.clip_after_allreduce`` reduces these (before user clipping)
-    instead of what reaches ``apply_gradients``, and fusion orders buckets by
-    when backprop produced them.
-    """
-    xs = xs if isinstance(xs, (list, tuple)) else [xs]
-    for x, grad in zip(xs, grads):
-        op = getattr(x, "op", None)
-        if op is not None and grad is not None:
-            view.raw_grads[op.name] = grad
-
-
 def _wrap_apply_gradients(original):
     @functools.wraps(original)
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
@@ -81,7 +70,8 @@ def _wrap_apply_gradients(original):
         if view is None or view.phase == Phase.APPLY:
             return original(self, grads_and_vars, global_step=global_step, name=name)
         grads_and_vars = tuple(grads_and_vars)
-        view.apply_calls.append([(g, v) for g, v in grads_and_vars if g is not None])
+        view.apply_calls.append(ApplyCall(
+            self, [(g, v) for g, v in grads_and_vars if g is not None], global_step, name))
         with view.phase_scope(Phase.APPLY):
             return original(self, grads_and_vars, global_step=global_step, name=name)
     return apply_gradients

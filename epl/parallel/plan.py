@@ -18,6 +18,8 @@ import collections
 import logging
 
 from epl.cluster import layout as _layout
+from epl.parallel import mesh as _mesh
+from epl.strategies import schedule as _schedule
 
 LOG = logging.getLogger("epl")
 
@@ -29,23 +31,51 @@ class PlanError(ValueError):
 
 
 class TaskGraphPlan(collections.namedtuple(
-        "TaskGraphPlan", ["index", "name", "kind", "device_count", "devices"])):
-    """Placement of one TaskGraph: ``devices[replica]`` is a tuple of devices."""
+        "TaskGraphPlan", ["index", "name", "kind", "device_count", "devices", "mesh",
+                          "groups"])):
+    """Placement of one TaskGraph: ``devices[replica][position]``, its mesh and its
+    communication groups (see :mod:`epl.parallel.mesh`)."""
 
     __slots__ = ()
 
     @property
     def all_devices(self):
-        """Every device holding a copy, replica-major (the collective group)."""
+        """Every device holding a copy, replica-major."""
         return tuple(d for replica in self.devices for d in replica)
+
+    def group(self, role, index=None):
+        """The group of ``role`` (dp, split, sync) for shard/replica ``index``."""
+        for group in self.groups:
+            if group.role == role and group.index == index:
+                return group
+        raise KeyError("taskgraph %r has no %s group with index %r; it has: %s" % (
+            self.name, role, index, ", ".join(g.name for g in self.groups)))
+
+    def dp_group(self, position=0):
+        """Data-parallel group of the weights at ``position`` (one for replicate)."""
+        return self.group(_mesh.DP, position if self.kind == _mesh.SPLIT else None)
+
+    def sync_group(self, position=0):
+        """One device per worker among the holders of the weights at ``position``."""
+        return self.group(_mesh.SYNC, position if self.kind == _mesh.SPLIT else None)
+
+    def split_group(self, replica):
+        return self.group(_mesh.SPLIT_GROUP, replica)
+
+    @property
+    def all_group(self):
+        """Every device of the TaskGraph (for replicate, the data-parallel group)."""
+        return self.group(_mesh.DP if self.kind != _mesh.SPLIT else _mesh.ALL)
 
 
 class Plan(collections.namedtuple("Plan", [
         "worker_num", "devices_per_worker", "device_type", "num_replicas", "taskgraphs",
-        "num_micro_batch", "schedule", "colocated", "worker_of"])):
+        "num_micro_batch", "strategy", "schedule", "colocated", "worker_of", "hosts"])):
     """What runs where. Immutable; equal plans compare equal.
 
-    ``worker_of`` maps every device string to its worker index.
+    ``worker_of`` maps every device string to its worker index; ``hosts[w]`` is
+    worker w's host CPU; ``schedule`` is the pipeline Schedule (None without a
+    pipeline), built from the ``strategy`` name.
     """
 
     __slots__ = ()
@@ -67,40 +97,72 @@ class Plan(collections.namedtuple("Plan", [
         """One TaskGraph accumulating ``num_micro_batch`` session runs per apply."""
         return len(self.taskgraphs) == 1 and self.num_micro_batch > 1
 
-    def constructor_of(self, replica):
-        """Worker that builds and drives ``replica`` (owner of its first device)."""
+    @property
+    def spmd(self):
+        """Every TaskGraph of a replica shares its positions (one TaskGraph, or
+        colocated TaskGraphs): each worker builds the copies on its own devices.
+        Otherwise a replica is a pipeline of stages built by one driver worker."""
+        return not self.stages
+
+    def driver_of(self, replica):
+        """Worker that builds pipeline replica ``replica`` (owner of its first device)."""
         return self.worker_of[self.taskgraphs[0].devices[replica][0]]
 
-    def replicas_built_by(self, worker):
-        """Replica indices whose graph the given worker builds."""
-        return [r for r in range(self.num_replicas) if self.constructor_of(r) == worker]
+    def copies_of(self, worker):
+        """The :class:`epl.parallel.mesh.Copy` records ``worker`` builds, in order."""
+        layout = [tg.devices for tg in self.taskgraphs]
+        if self.spmd:
+            return _mesh.spmd_copies(layout, worker, self.worker_of)
+        replicas = [r for r in range(self.num_replicas) if self.driver_of(r) == worker]
+        return _mesh.pipeline_copies(layout, replicas)
+
+    def replicas_of(self, worker):
+        """Model replicas of which ``worker`` builds at least one copy."""
+        return sorted(set(copy.replica for copy in self.copies_of(worker)))
+
+    @property
+    def drivers(self):
+        """Workers that build at least one copy (the others only serve devices)."""
+        return [w for w in range(self.worker_num) if self.copies_of(w)]
 
     def workers_used_by(self, worker):
-        """Workers hosting a device of any replica built by ``worker``."""
+        """Workers hosting a device of any copy built by ``worker``."""
         used = {worker}
-        for replica in self.replicas_built_by(worker):
-            for tg in self.taskgraphs:
-                used.update(self.worker_of[d] for d in tg.devices[replica])
+        for copy in self.copies_of(worker):
+            used.update(self.worker_of[d] for d in copy.devices)
         return sorted(used)
 
+    @property
+    def host_group(self):
+        """The host CPU of every driver worker: per-worker state (the global step)."""
+        return _mesh.Group("hosts", _mesh.HOSTS, None,
+                           tuple(self.hosts[w] for w in self.drivers))
+
     def __str__(self):
-        total = self.worker_num * self.devices_per_worker
-        lines = ["Plan: %d worker(s) x %d %s device(s) = %d devices; %d model replica(s)"
-                 % (self.worker_num, self.devices_per_worker, self.device_type, total,
-                    self.num_replicas)]
-        if self.stages:
-            lines.append("  pipeline: %d stages, %d micro-batch(es), schedule %s"
-                         % (len(self.stages), self.num_micro_batch, self.schedule))
-        elif self.gradient_accumulation:
-            lines.append("  gradient accumulation over %d micro-batches" % self.num_micro_batch)
-        if self.colocated:
-            lines.append("  TaskGraphs colocated (cluster.colocate_split_and_replicate)")
-        for tg in self.taskgraphs:
-            lines.append("  taskgraph %d %r %s(device_count=%d)"
-                         % (tg.index, tg.name, tg.kind, tg.device_count))
-            for replica, devices in enumerate(tg.devices):
-                lines.append("    replica %d: %s" % (replica, ", ".join(devices)))
-        return "\n".join(lines)
+        return "\n".join(_describe(self))
+
+
+def _describe(plan):
+    total = plan.worker_num * plan.devices_per_worker
+    lines = ["Plan: %d worker(s) x %d %s device(s) = %d devices; %d model replica(s)"
+             % (plan.worker_num, plan.devices_per_worker, plan.device_type, total,
+                plan.num_replicas)]
+    if plan.stages:
+        lines.append("  pipeline: %d stages, %d micro-batch(es), schedule %s"
+                     % (len(plan.stages), plan.num_micro_batch, plan.strategy))
+    elif plan.gradient_accumulation:
+        lines.append("  gradient accumulation over %d micro-batches" % plan.num_micro_batch)
+    if plan.colocated:
+        lines.append("  TaskGraphs colocated (cluster.colocate_split_and_replicate)")
+    for tg in plan.taskgraphs:
+        lines.append("  taskgraph %d %r %s(device_count=%d): mesh %s"
+                     % (tg.index, tg.name, tg.kind, tg.device_count, tg.mesh))
+        for replica, devices in enumerate(tg.devices):
+            lines.append("    replica %d: %s" % (replica, ", ".join(devices)))
+        lines.append("    groups:")
+        lines += ["      " + str(group) for group in tg.groups]
+    lines.append("  " + str(plan.host_group))
+    return lines
 
 
 def make_plan(config, cluster, specs):
@@ -117,19 +179,27 @@ def make_plan(config, cluster, specs):
             colocate=colocate, names=names)
     except _layout.LayoutError as err:
         raise PlanError(str(err))
-    taskgraphs = []
-    for index, spec in enumerate(specs):
-        devices = tuple(tuple(cluster.device(w, d) for w, d in replica[index])
-                        for replica in layout)
-        taskgraphs.append(TaskGraphPlan(index, spec.name, spec.kind, spec.device_count,
-                                        devices))
     worker_of = dict((cluster.device(w, d), w) for w in range(cluster.worker_num)
                      for d in range(cluster.gpu_num_per_worker))
+    taskgraphs = tuple(_taskgraph_plan(index, spec, layout, cluster, worker_of)
+                       for index, spec in enumerate(specs))
+    hosts = tuple(cluster.worker_cpu(w) for w in range(cluster.worker_num))
     plan = Plan(cluster.worker_num, cluster.gpu_num_per_worker, cluster.device_type,
-                len(layout), tuple(taskgraphs), config.pipeline.num_micro_batch,
-                config.pipeline.strategy, colocate, worker_of)
+                len(layout), taskgraphs, config.pipeline.num_micro_batch,
+                config.pipeline.strategy, None, colocate, worker_of, hosts)
+    if plan.pipeline:
+        plan = plan._replace(schedule=_schedule.get_schedule(
+            plan.strategy, len(plan.stages), plan.num_micro_batch))
     _warn_about(plan)
     return plan
+
+
+def _taskgraph_plan(index, spec, layout, cluster, worker_of):
+    devices = tuple(tuple(cluster.device(w, d) for w, d in replica[index])
+                    for replica in layout)
+    return TaskGraphPlan(index, spec.name, spec.kind, spec.device_count, devices,
+                         _mesh.mesh_of(spec.kind, devices),
+                         _mesh.taskgraph_groups(spec.name, spec.kind, devices, worker_of))
 
 
 def _warn_about(plan):
@@ -175,12 +245,21 @@ def main(argv=None):
     config = Config(dict((k, _value(v)) for k, v in (c.split("=", 1) for c in args.config)))
     hosts = ["worker%d:2222" % i for i in range(args.workers)] if args.workers > 1 else None
     cluster = Cluster(hosts, 0, args.devices)
+    plan = make_plan(config, cluster, _cli_specs(args.taskgraphs))
+    print(plan)
+    for worker in range(args.workers):
+        copies = plan.copies_of(worker)
+        print("worker %d builds %d copies: %s" % (worker, len(copies), ", ".join(
+            "(replica %d, position %d)" % (c.replica, c.position) for c in copies) or "none"))
+    return 0
+
+
+def _cli_specs(text):
     specs = []
-    for index, item in enumerate(args.taskgraphs.split(",")):
+    for index, item in enumerate(text.split(",")):
         kind, _, count = item.partition(":")
         specs.append(TaskGraphSpec("taskgraph_%d" % index, kind, int(count or 1)))
-    print(make_plan(config, cluster, specs))
-    return 0
+    return specs
 
 
 if __name__ == "__main__":

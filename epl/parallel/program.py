@@ -25,6 +25,7 @@ class ParallelProgram(object):
         self.schedule = None       # the pipeline Schedule imposed, if any
         self.boundaries = []       # per copy: ({action: entrance ops}, {action: exit ops})
         self.collective_ops = {}   # collective op name -> group name
+        self.gradient_plans = []   # per local copy: the GradientPlan that was lowered
         self.timeout = None        # communication.timeout (seconds)
         self.worker_label = "worker %d" % worker
         self.peer_hosts = ()       # host:port of the other workers in our collective groups
@@ -33,10 +34,6 @@ class ParallelProgram(object):
     def add_extras(self, op_name, ops):
         """Run ``ops`` whenever the user fetches the op named ``op_name``."""
         self.extras.setdefault(op_name, []).extend(ops)
-
-    @property
-    def has_collectives(self):
-        return bool(self.groups)
 
     @property
     def needs_sync(self):

@@ -1,16 +1,20 @@
 """Turn a user's training graph into this worker's part of the parallel program.
 
-The passes run in the order declared in ``PASSES``; each one is small and
-owns one transformation. ``parallelize`` is idempotent: a graph is rewritten
-once, when it is finalized (MonitoredTrainingSession, Estimator) or at its
-first ``session.run`` (plain ``tf.Session``), whichever comes first.
+The passes run in the order declared in ``PASSES``, grouped in phases (model,
+classify, replicate, lower; see :mod:`epl.parallel.passes`); each one is small
+and owns one transformation. ``parallelize`` is idempotent: a graph is
+rewritten once, when it is finalized (MonitoredTrainingSession, Estimator) or
+at its first ``session.run`` (plain ``tf.Session``), whichever comes first.
+``python -m epl.parallel.rewriter`` prints the pass list.
 """
 import logging
 
 from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.parallel.context import RewriteContext
+from epl.parallel.passes import check_order, describe
 from epl.parallel.passes.batch_split import BatchSplit
+from epl.parallel.passes.classify import ClassifyRoles
 from epl.parallel.passes.gradients import GradientAggregation
 from epl.parallel.passes.input_order import InputOrder
 from epl.parallel.passes.micro_batches import MicroBatchClone
@@ -21,12 +25,12 @@ from epl.parallel.passes.replicas import ReplicaClone
 from epl.parallel.passes.steps import SharedStepDependencies
 from epl.parallel.passes.sync import VariableSync
 from epl.parallel.plan import make_plan, specs_from_graph
-from epl.parallel.roles import classify
 from epl.strategies.base import SPLIT
 
 LOG = logging.getLogger("epl")
 
 PASSES = (
+    ClassifyRoles(),
     Placement(),
     MicroBatchClone(),
     ReplicaClone(),
@@ -42,7 +46,7 @@ PASSES = (
 
 def needs_rewrite(view):
     """A graph is parallelized once it has a training step and was not yet."""
-    if view is None or view.parallel is not None or not any(view.apply_calls):
+    if view is None or view.parallel is not None or not view.has_training_step:
         return False
     if view.rewrite_error is not None:
         raise RuntimeError("EPL could not parallelize this graph earlier: %s"
@@ -56,21 +60,22 @@ def plan_for(view, config, cluster):
     return make_plan(config, cluster, specs_from_graph(view))
 
 
-def parallelize(view, config, cluster, plan=None):
-    """Run every applicable pass on ``view``'s graph; return the ParallelProgram."""
+def parallelize(view, config, cluster, plan=None, passes=PASSES):
+    """Run every applicable pass of ``passes`` on ``view``'s graph; return the
+    ParallelProgram. Tests pass a shorter list to run one pass on a tiny graph."""
     if view.parallel is not None:
         return view.parallel
+    check_order(passes)
     plan = plan if plan is not None else plan_for(view, config, cluster)
     _check_supported(plan, cluster)
     ctx = RewriteContext(view, config, cluster, plan)
-    ctx.roles = classify(view)
     tf_graph = view.tf_graph
     finalized = tf_graph.finalized
     if finalized:
         tf_adapter.unfinalize(tf_graph)
     try:
         with view.phase_scope(Phase.EPL):
-            for rewrite_pass in PASSES:
+            for rewrite_pass in passes:
                 if rewrite_pass.applies(ctx):
                     rewrite_pass.run(ctx)
     except Exception as err:
@@ -89,9 +94,16 @@ def _check_supported(plan, cluster):
     if any(tg.kind == SPLIT for tg in plan.taskgraphs):
         raise NotImplementedError("epl.split is not supported by this EPL version yet; "
                                   "use epl.replicate")
-    if len(plan.taskgraphs) > 1 and any(tg.device_count > 1 for tg in plan.taskgraphs):
-        raise NotImplementedError("replicate(device_count > 1) is supported for a single "
-                                  "TaskGraph only")
-    if not plan.replicas_built_by(cluster.worker_index):
+    if not plan.spmd and any(tg.device_count > 1 for tg in plan.taskgraphs):
+        raise NotImplementedError(
+            "device_count > 1 is supported for a single TaskGraph or for TaskGraphs "
+            "colocated with cluster.colocate_split_and_replicate=True; this graph has %d "
+            "pipeline stages with device_count %s"
+            % (len(plan.taskgraphs), [tg.device_count for tg in plan.taskgraphs]))
+    if not plan.copies_of(cluster.worker_index):
         raise ValueError("worker %d builds no model replica; it should only serve its "
                          "devices (see epl.parallel.serving)" % cluster.worker_index)
+
+
+if __name__ == "__main__":
+    print(describe(PASSES))

@@ -86,7 +86,7 @@ def classify(view):
     cloned, variables, pinned = [], [], set()
     for op in tf_graph.get_operations():
         info = view.info(op)
-        if info is None or info.phase not in Phase.STEP or info.replica or info.micro_batch:
+        if info is None or info.phase not in Phase.STEP or info.copy or info.micro_batch:
             continue
         if op.name in shared or op.type in PLACEHOLDER_TYPES or is_summary(op):
             shared.add(op.name)

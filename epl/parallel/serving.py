@@ -39,7 +39,7 @@ def serve(env, plan):
     The wait for the drivers to come up uses ``communication.timeout``.
     """
     worker = env.cluster.worker_index
-    drivers = sorted(set(plan.constructor_of(r) for r in range(plan.num_replicas)))
+    drivers = plan.drivers
     env.get_or_create_server()
     LOG.warning("EPL: worker %d builds no model replica; it serves its devices to worker(s) "
                 "%s and exits when they finish", worker, drivers)

@@ -53,7 +53,7 @@ def program_for(graph, provider):
         env = view.owner or provider()
         view.owner = env
         plan = rewriter.plan_for(view, env.config, env.cluster)
-        if not plan.replicas_built_by(env.cluster.worker_index):
+        if not plan.copies_of(env.cluster.worker_index):
             serving.serve(env, plan)
         rewriter.parallelize(view, env.config, env.cluster, plan)
     return view.parallel

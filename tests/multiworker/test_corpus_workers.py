@@ -15,11 +15,12 @@ from realmodels import CORPUS, OddSizes
 TOL = 2e-5
 
 
-def _check(model, workers, devices, config=None, tol=TOL):
+def _check(model, workers, devices, config=None, tol=TOL, device_count=1, static=True):
     slices = workers * devices
     arrays = model.data(slices * model.batch * corpusutil.STEPS)
     _, reference = corpusutil.serial_reference(model, arrays, slices, stats="first")
-    results = corpusutil.run_workers_dp(model, arrays, workers, devices, config)
+    results = corpusutil.run_workers_dp(model, arrays, workers, devices, config,
+                                        device_count=device_count, static=static)
     for worker, (_, copies) in enumerate(results):
         worst, where = corpusutil.max_difference(reference, copies,
                                                  "first" if worker == 0 else "skip")
@@ -37,3 +38,18 @@ def test_corpus_two_workers(model_class):
 def test_odd_sizes_two_workers_two_devices(fp16):
     config = {"communication.max_splits": 3, "communication.fp16": fp16}
     _check(OddSizes(), 2, 2, config, 2e-3 if fp16 else TOL)
+
+
+@pytest.mark.parametrize("workers,devices", [(2, 1), (2, 2)])
+def test_replica_spanning_workers_feeds_every_worker(workers, devices):
+    """replicate(device_count=workers*devices): one replica over every device; each
+    worker reads its own batch and splits it over its own devices (no worker
+    funnels another's input), so the global batch is workers x the user's batch."""
+    _check(OddSizes(), workers, devices, device_count=workers * devices, static=False)
+
+
+def test_static_batch_is_pulled_per_copy_with_a_warning(caplog):
+    """A batch size fixed in the graph cannot be split (TF bakes it into gradient
+    constants): every copy pulls its own batch, and EPL says so."""
+    _check(OddSizes(), 2, 2, device_count=4, static=True)
+    assert "cannot split the batch" in caplog.text

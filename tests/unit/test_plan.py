@@ -45,7 +45,8 @@ def test_data_parallel_on_four_devices():
     plan = make_plan(Config(), local(4), DP)
     assert plan.num_replicas == 4
     assert plan.taskgraphs[0].all_devices == tuple(cpu(i) for i in range(4))
-    assert plan.replicas_built_by(0) == [0, 1, 2, 3]
+    assert plan.replicas_of(0) == [0, 1, 2, 3]
+    assert [c.devices for c in plan.copies_of(0)] == [(cpu(i),) for i in range(4)]
 
 
 def test_stages_on_two_workers_with_one_device():
@@ -53,13 +54,14 @@ def test_stages_on_two_workers_with_one_device():
     assert plan.num_replicas == 1
     assert plan.taskgraphs[0].devices == (("/job:worker/replica:0/task:0/device:CPU:0",),)
     assert plan.taskgraphs[1].devices == (("/job:worker/replica:0/task:1/device:CPU:0",),)
-    assert plan.replicas_built_by(0) == [0] and plan.replicas_built_by(1) == []
+    assert plan.replicas_of(0) == [0] and plan.replicas_of(1) == []
+    assert plan.drivers == [0] and not plan.spmd
     assert plan.workers_used_by(0) == [0, 1]
 
 
 def test_data_parallel_across_workers_is_built_locally():
     plan = make_plan(Config(), workers(2, 2), DP)
-    assert plan.replicas_built_by(0) == [0, 1] and plan.replicas_built_by(1) == [2, 3]
+    assert plan.replicas_of(0) == [0, 1] and plan.replicas_of(1) == [2, 3]
     assert plan.workers_used_by(1) == [1]
 
 
@@ -99,7 +101,7 @@ def test_512_devices_four_stages():
     assert plan.num_replicas == 128
     for replica in range(plan.num_replicas):
         assert len({plan.worker_of[tg.devices[replica][0]] for tg in plan.taskgraphs}) == 1
-    assert sum(len(plan.replicas_built_by(w)) for w in range(64)) == 128
+    assert sum(len(plan.replicas_of(w)) for w in range(64)) == 128
 
 
 def test_plan_cli_prints_the_plan(capsys):

@@ -1,122 +1,143 @@
-"""Aggregate gradients: sum over micro-batches or accumulation steps, all-reduce.
+"""Aggregate gradients: lower the gradient plan of every local copy into ops.
 
-Pipeline: the gradients of the ``num_micro_batch`` micro-batches of one
-step are summed. Gradient accumulation (one TaskGraph, ``num_micro_batch =
-m > 1``): each run adds its gradients to an accumulator; every m-th run the
-accumulated sum is released through a Switch, all-reduced and applied, and
-on the other runs the update (and the collective) is dead and does not run.
-Dense gradients of a TaskGraph are all-reduced in fused buckets
-(``communication.max_splits``) spread over ``num_communicators`` groups,
-optionally as fp16; IndexedSlices are all-gathered (values and indices).
-``gradients_reduce_method=mean`` divides by micro-batches and replicas.
-With ``clip_after_allreduce`` the gradients straight out of ``tf.gradients``
-are reduced and the user's clipping reads the reduced values.
+The plan (:mod:`epl.parallel.gradient_plan`) decides, per variable, the group,
+bucket, collective, accumulation and divisor; this pass only builds what it
+says, in small steps:
+
+1. ``local_sum``: sum the micro-batches of a pipeline (a running sum, so each
+   micro-batch's gradient is freed once added), or concatenate their rows;
+2. ``accumulate``: gradient accumulation (:mod:`epl.runtime.gradient_accumulation`);
+3. ``divide``: by micro-batches x accumulation steps for "mean";
+4. ``reduce``: fused buckets (:class:`GradientReducer`) or sparse rows
+   (:class:`SparseReducer`) over the plan's group;
+5. ``rewire``: the copy's consumers of the gradient (clipping, the optimizer)
+   read the aggregated value.
+
+With ``communication.clip_after_allreduce`` the gradients straight out of
+``tf.gradients`` are reduced and the user's clipping reads the reduced values.
+Reads: apply and gradient records, ``copies``, ``instances``, plan groups.
+Writes: collectives, EPL accumulators, rewired gradient consumers,
+``program.gradient_plans``.
 """
 import collections
 
 from epl import tf_adapter
 from epl.communicators.reducer import GradientReducer
+from epl.communicators.sparse import SparseReducer
 from epl.ir.phase import Phase
 from epl.ir.traverse import control_flow_interior
-from epl.parallel.passes import Pass
+from epl.parallel import gradient_plan as gp
+from epl.parallel.context import GRADIENTS
+from epl.parallel.passes import LOWER, Pass
 from epl.runtime import gradient_accumulation as ga
 from epl.tf_adapter import tf
 
 Item = collections.namedtuple("Item", ["var", "grad"])
+Local = collections.namedtuple("Local", ["value", "indices", "store"])  # indices: sparse only
 
 
 class GradientAggregation(Pass):
     """Rewire every consumer of a gradient to its aggregated value, per copy."""
 
     name = "gradient_aggregation"
+    phase = LOWER
+    reads = ("apply and gradient records", "copies", "instances", "plan groups")
+    writes = ("collectives", "accumulators", "rewired gradient consumers",
+              "program.gradient_plans")
 
     def applies(self, ctx):
-        return any(ctx.view.apply_calls)
+        return ctx.view.has_training_step
 
     def run(self, ctx):
-        comm_config = ctx.config.communication
-        mean = comm_config.gradients_reduce_method == "mean"
+        items = training_items(ctx)
         gate = None
         if ctx.plan.gradient_accumulation:
             gate = ga.accumulation_gate(ctx.host, ctx.plan.num_micro_batch, ctx.epl_variables)
-        dense = collections.OrderedDict()
-        for item in _items(ctx):
-            taskgraph = ctx.view.info(item.var.op).taskgraph
-            if isinstance(item.grad, tf.IndexedSlices):
-                for copy in range(len(ctx.copies)):
-                    _sparse(ctx, item, taskgraph, copy, mean, gate)
-            else:
-                dense.setdefault(taskgraph, []).append(item)
-        for taskgraph, items in dense.items():
-            _reduce_taskgraph(ctx, taskgraph, _production_order(ctx, items), mean, gate)
+        for copy in range(len(ctx.copies)):
+            plan = copy_plan(ctx, items, copy)
+            ctx.program.gradient_plans.append(plan)
+            _lower(ctx, items, plan, copy, gate)
         if gate is not None:
             skip, _ = control_flow_interior(ctx.tf_graph)
             ga.gate_apply_ops(ctx.view, ga.release_token(ctx.host, gate), skip)
 
 
-def _items(ctx):
-    """(variable, gradient to aggregate) pairs, in apply order."""
+def training_items(ctx):
+    """{variable op name: Item} of every trained variable, in apply order."""
     after_clip = ctx.config.communication.clip_after_allreduce
+    items = collections.OrderedDict()
     for call in ctx.view.apply_calls:
         for grad, var in call:
-            raw = ctx.view.raw_grads.get(var.op.name) if after_clip else None
-            yield Item(var, raw if raw is not None else grad)
+            raw = ctx.view.raw_gradient(var.op.name) if after_clip else None
+            items[var.op.name] = Item(var, raw if raw is not None else grad)
+    return items
 
 
-def _production_order(ctx, items):
-    """Sort by when backprop created the gradient, so early buckets are ready first."""
-    def key(item):
-        raw = ctx.view.raw_grads.get(item.var.op.name, item.grad)
-        op = raw.values.op if isinstance(raw, tf.IndexedSlices) else raw.op
-        return (tf_adapter.op_id(op), item.var.op.name)
-    return sorted(items, key=key)
+def _info(ctx, item):
+    """Static facts the plan needs: sparse or not, bytes, dtype, production order."""
+    raw = ctx.view.raw_gradient(item.var.op.name)
+    raw = raw if raw is not None else item.grad
+    producer = raw.values.op if isinstance(raw, tf.IndexedSlices) else raw.op
+    sparse = isinstance(item.grad, tf.IndexedSlices)
+    nbytes = 0
+    if not sparse:
+        if not item.grad.shape.is_fully_defined():
+            raise ValueError("gradient fusion needs static shapes; the gradient of %s has "
+                             "shape %s" % (item.var.op.name, item.grad.shape))
+        nbytes = item.grad.shape.num_elements() * item.grad.dtype.size
+    return gp.GradientInfo(item.var.op.name, ctx.taskgraph_of(item.var.op), sparse, nbytes,
+                           item.grad.dtype.base_dtype.name, tf_adapter.op_id(producer))
 
 
-def _consumers(ctx, tensor, copy):
-    """Ops of ``copy`` (micro-batch 0) that read a gradient: user clipping and updates."""
-    result = []
-    for op in tensor.consumers():
-        info = ctx.view.info(op)
-        if info is not None and info.phase in (Phase.BACKWARD, Phase.APPLY) \
-                and info.replica == copy and info.micro_batch == 0:
-            result.append(op)
-    return result
+def copy_plan(ctx, items, copy):
+    """The gradient plan of local copy ``copy``."""
+    infos = [_info(ctx, item) for item in items.values()]
+    steps = ctx.plan.num_micro_batch if ctx.plan.gradient_accumulation else 1
+    return gp.plan_gradients(infos, lambda taskgraph: ctx.dp_group(taskgraph, copy),
+                             ctx.config.communication, ctx.num_micro_batch, steps)
 
 
-def _reduce_taskgraph(ctx, taskgraph, items, mean, gate):
-    comm_config = ctx.config.communication
-    comm = ctx.communicator("grads", taskgraph)
-    communicators = [comm]
-    if comm_config.num_communicators > 1 and comm.group_size > 1:
-        communicators = [ctx.group("grads/%s/communicator_%d"
-                                   % (ctx.plan.taskgraphs[taskgraph].name, i), comm.devices)
-                         for i in range(comm_config.num_communicators)]
-    reducer = GradientReducer(communicators, comm_config.max_splits, comm_config.fp16,
-                              comm_config.fp16_scale, mean)
-    buckets = reducer.plan([item.grad for item in items])
-    for copy in range(len(ctx.copies)):
-        device = ctx.device(taskgraph, copy)
-        locals_, consumers, stores = [], [], []
-        for item in items:
-            local = ctx.tensor_instance(item.grad, copy)
-            consumers.append(_consumers(ctx, local, copy))
-            total, store = _local_total(ctx, item, copy, device, mean, gate)
-            locals_.append((local, total))
-            stores.append(store)
-        totals = [total for _, total in locals_]
-        if comm.group_size > 1:
-            totals = reducer.reduce(totals, device, buckets)
-        for (local, _), total, users, store in zip(locals_, totals, consumers, stores):
-            if total is not local:
-                ctx.rewire(local, total, users)
-            if store is not None:
-                for op in users:
-                    tf_adapter.add_control_inputs(op, [store])
+def _lower(ctx, items, plan, copy, gate):
+    results = {}
+    for entry in plan.entries:
+        item = items[entry.name]
+        device = ctx.device(ctx.taskgraph_of(item.var.op), copy)
+        local = _divide(_accumulate(_local_sum(ctx, item, copy, device), item, entry, device,
+                                    gate, ctx), entry, device)
+        results[entry.name] = (local, device)
+    for entries in _by_group(plan).values():
+        _reduce_dense(ctx, [e for e in entries if e.reduction == gp.ALL_REDUCE], results)
+    for entry in plan.entries:
+        if entry.reduction in (gp.ALL_GATHER, gp.ACCUMULATED_SPARSE):
+            results[entry.name] = (_reduce_sparse(ctx, entry, *results[entry.name]),
+                                   results[entry.name][1])
+        elif entry.reduction == gp.LOCAL and results[entry.name][0].indices is not None \
+                and entry.accumulate:
+            results[entry.name] = (_released_rows(*results[entry.name]), results[entry.name][1])
+    for entry in plan.entries:
+        _rewire(ctx, items[entry.name], copy, results[entry.name][0])
 
 
-def _local_total(ctx, item, copy, device, mean, gate):
-    """This copy's gradient summed over micro-batches / accumulation steps."""
-    total, store = ctx.tensor_instance(item.grad, copy), None
+def _by_group(plan):
+    groups = collections.OrderedDict()
+    for entry in plan.entries:
+        groups.setdefault(entry.group, []).append(entry)
+    return groups
+
+
+# ---- step 1: micro-batches ---------------------------------------------------------
+def _local_sum(ctx, item, copy, device):
+    """This copy's gradient over the micro-batches of a pipeline step."""
+    if isinstance(item.grad, tf.IndexedSlices):
+        values = [ctx.tensor_instance(item.grad.values, copy, m)
+                  for m in range(ctx.num_micro_batch)]
+        indices = [ctx.tensor_instance(item.grad.indices, copy, m)
+                   for m in range(ctx.num_micro_batch)]
+        if len(values) == 1:
+            return Local(values[0], indices[0], None)
+        with tf.device(device), tf.name_scope("EPL_MICRO_BATCH_SUM"):
+            return Local(tf.concat(values, 0), tf.concat(indices, 0), None)
+    total = ctx.tensor_instance(item.grad, copy)
     if ctx.num_micro_batch > 1:
         # A running sum in micro-batch order (not add_n, which waits for all of
         # them): each micro-batch's gradient is freed as soon as it is added, so
@@ -124,84 +145,105 @@ def _local_total(ctx, item, copy, device, mean, gate):
         with tf.device(device), tf.name_scope("EPL_MICRO_BATCH_SUM"):
             for m in range(1, ctx.num_micro_batch):
                 total = total + ctx.tensor_instance(item.grad, copy, m)
-            if mean:
-                total = total / ctx.num_micro_batch
-    if gate is not None:
-        total, store = ga.accumulate_dense(item.var, total, device, gate, ctx.epl_variables)
-        if mean:
-            with tf.device(device), tf.name_scope("EPL_GA"):
-                total = total / ctx.plan.num_micro_batch
-    return total, store
+    return Local(total, None, None)
 
 
-def _rows_unknown(tensor):
-    """``tensor`` with dim 0 statically unknown (identity at run time).
-
-    Aggregated sparse gradients have more rows than one copy's gradient
-    (gathered from replicas, concatenated over micro-batches, or the touched
-    rows of an accumulator); the optimizer's ops that read them were built
-    for the local row count, and TF refuses to rewire an input to a tensor
-    whose static shape conflicts with the old one.
-    """
-    shape = tensor.shape
-    if shape.ndims is None or shape.ndims == 0 or shape.dims[0].value is None:
-        return tensor
-    return tf.placeholder_with_default(tensor, [None] + shape.as_list()[1:])
-
-
-def _sparse(ctx, item, taskgraph, copy, mean, gate):
-    """Aggregate one IndexedSlices gradient of ``copy``: concatenate micro-batches,
-    accumulate (GA) or all-gather rows over the group, and rewire its consumers."""
-    comm = ctx.communicator("grads", taskgraph)
-    device = ctx.device(taskgraph, copy)
-    grad = item.grad
-    values = [ctx.tensor_instance(grad.values, copy, m) for m in range(ctx.num_micro_batch)]
-    indices = [ctx.tensor_instance(grad.indices, copy, m) for m in range(ctx.num_micro_batch)]
-    consumers_v = _consumers(ctx, values[0], copy)
-    consumers_i = _consumers(ctx, indices[0], copy)
-    with tf.device(device):
-        new_values = tf.concat(values, 0) if len(values) > 1 else values[0]
-        new_indices = tf.concat(indices, 0) if len(indices) > 1 else indices[0]
-    if gate is not None:
-        new_values, new_indices, store = _sparse_accumulated(
-            ctx, item, comm, device, new_values, new_indices, mean, gate)
-        for op in consumers_v + consumers_i:
-            tf_adapter.add_control_inputs(op, [store])
-    else:
-        new_values, new_indices = _sparse_gathered(
-            ctx, item, comm, device, new_values, new_indices, mean)
-    with tf.device(device), tf.name_scope("EPL_SPARSE"):
-        ctx.rewire(values[0], _rows_unknown(new_values), consumers_v)
-        ctx.rewire(indices[0], _rows_unknown(new_indices), consumers_i)
-
-
-def _sparse_gathered(ctx, item, comm, device, values, indices, mean):
-    """All-gather rows from every member; mean divides by micro-batches x members."""
-    scale = ctx.num_micro_batch if mean else 1
-    name = item.var.op.name
-    if comm.group_size > 1:
-        values = comm.all_gather(values, device, "grad_values/" + name)
-        indices = comm.all_gather(indices, device, "grad_indices/" + name)
-        scale *= comm.group_size if mean else 1
-    if scale > 1:
-        with tf.device(device):
-            values = values / tf.cast(scale, values.dtype)
-    return values, indices
-
-
-def _sparse_accumulated(ctx, item, comm, device, values, indices, mean, gate):
-    """Accumulate into a dense buffer; on apply runs all-reduce it (replicas touch
-    different rows, so their row lists cannot be gathered as equal shapes) and
-    release the touched rows. Returns (values, indices, store op)."""
-    released = ga.accumulate_sparse(item.var, values, indices, device, gate,
+# ---- step 2: gradient accumulation -------------------------------------------------
+def _accumulate(local, item, entry, device, gate, ctx):
+    """Released (alive) only on apply runs; ``store`` keeps the running sum."""
+    if not entry.accumulate:
+        return local
+    if local.indices is None:
+        released = ga.accumulate_dense(item.var, local.value, device, gate, ctx.epl_variables)
+        return Local(released.value, None, released.store)
+    released = ga.accumulate_sparse(item.var, local.value, local.indices, device, gate,
                                     ctx.epl_variables)
-    dense, touched = released.dense, released.touched
-    name = item.var.op.name
-    if comm.group_size > 1:
-        dense = comm.all_reduce(dense, device, "grad_dense/" + name, mean=mean)
-        touched = comm.all_reduce(touched, device, "grad_rows/" + name, mean=False)
+    # A dense sum plus touch counts; the indices dtype rides along in ``indices``.
+    return Local((released.dense, released.touched), local.indices, released.store)
+
+
+# ---- step 3: divide ----------------------------------------------------------------
+def _divide(local, entry, device):
+    if entry.divisor == 1:
+        return local
+    with tf.device(device), tf.name_scope("EPL_GRADIENT_MEAN"):
+        if isinstance(local.value, tuple):  # accumulated sparse: (dense sum, touch counts)
+            dense, touched = local.value
+            return local._replace(value=(dense / entry.divisor, touched))
+        return local._replace(value=local.value / entry.divisor)
+
+
+# ---- step 4: reduce ----------------------------------------------------------------
+def _reducer(ctx, group, mean):
+    comm_config = ctx.config.communication
+    lanes = group.lanes(comm_config.num_communicators) if group.size > 1 else (group,)
+    communicators = [ctx.communicator(lane, GRADIENTS) for lane in lanes]
+    return GradientReducer(communicators, comm_config.max_splits, comm_config.fp16,
+                           comm_config.fp16_scale, mean)
+
+
+def _reduce_dense(ctx, entries, results):
+    """All-reduce one group's dense gradients in the plan's buckets."""
+    if not entries:
+        return
+    tensors = [results[e.name][0].value for e in entries]
+    device = results[entries[0].name][1]
+    buckets = collections.OrderedDict()
+    for index, entry in enumerate(entries):
+        buckets.setdefault(entry.bucket, []).append(index)
+    reducer = _reducer(ctx, entries[0].group, entries[0].mean)
+    reduced = reducer.reduce(tensors, device, list(buckets.values()))
+    for entry, value in zip(entries, reduced):
+        local, _ = results[entry.name]
+        results[entry.name] = (local._replace(value=value), device)
+
+
+def _reduce_sparse(ctx, entry, local, device):
+    comm = ctx.communicator(entry.group, GRADIENTS)
+    reducer = SparseReducer(comm, entry.mean)
+    if entry.reduction == gp.ALL_GATHER:
+        values, indices = reducer.gather(local.value, local.indices, device, entry.name)
+        return local._replace(value=values, indices=indices)
+    dense, touched = reducer.reduce_accumulated(local.value[0], local.value[1], device,
+                                                entry.name)
+    return _released_rows(local._replace(value=(dense, touched)), device)
+
+
+def _released_rows(local, device):
+    """The touched rows of an accumulated sparse gradient, as (values, indices)."""
+    dense, touched = local.value
     with tf.device(device), tf.name_scope("EPL_GA"):
-        new_values, new_indices = ga.sparse_rows(dense, touched, indices.dtype)
-        if mean:
-            new_values = new_values / ctx.plan.num_micro_batch
-    return new_values, new_indices, released.store
+        values, indices = ga.sparse_rows(dense, touched, local.indices.dtype)
+    return local._replace(value=values, indices=indices)
+
+
+# ---- step 5: rewire ----------------------------------------------------------------
+def _consumers(ctx, tensor, copy):
+    """Ops of ``copy`` (micro-batch 0) that read a gradient: user clipping and updates."""
+    result = []
+    for op in tensor.consumers():
+        info = ctx.view.info(op)
+        if info is not None and info.phase in (Phase.BACKWARD, Phase.APPLY) \
+                and info.copy == copy and info.micro_batch == 0:
+            result.append(op)
+    return result
+
+
+def _rewire(ctx, item, copy, local):
+    """Point the copy's consumers of the gradient at the aggregated value."""
+    device = ctx.device(ctx.taskgraph_of(item.var.op), copy)
+    if isinstance(item.grad, tf.IndexedSlices):
+        pairs = [(ctx.tensor_instance(item.grad.values, copy), local.value),
+                 (ctx.tensor_instance(item.grad.indices, copy), local.indices)]
+        with tf.device(device), tf.name_scope("EPL_SPARSE"):
+            pairs = [(old, new if new is old else tf_adapter.with_unknown_rows(new))
+                     for old, new in pairs]
+    else:
+        pairs = [(ctx.tensor_instance(item.grad, copy), local.value)]
+    for old, new in pairs:
+        users = _consumers(ctx, old, copy)
+        if new is not old:
+            ctx.rewire(old, new, users)
+        if local.store is not None:
+            for op in users:
+                tf_adapter.add_control_inputs(op, [local.store])

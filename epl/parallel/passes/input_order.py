@@ -1,6 +1,6 @@
 """Deterministic input: pulls from a shared iterator happen in a fixed order."""
 from epl import tf_adapter
-from epl.parallel.passes import Pass
+from epl.parallel.passes import REPLICATE, Pass
 from epl.parallel.roles import GET_NEXT_TYPES
 
 
@@ -11,21 +11,26 @@ class InputOrder(Pass):
     which batch changes from run to run. Pulls are ordered micro-batch-major
     ((copy 0, mb 0), (copy 1, mb 0), ..., (copy 0, mb 1), ...), so copy 1
     waits only for copy 0's pull of the same micro-batch, never for its
-    whole pipeline. Copies that read a slice of a leader's batch
-    (``replicate(device_count>1)``) do not pull and are skipped.
+    whole pipeline. Copies that read a slice of a reader's batch
+    (``replicate(device_count>1)``, see BatchSplit) do not pull and are skipped.
     """
 
     name = "input_order"
+    phase = REPLICATE
+    reads = ("roles", "copies", "instances", "split_inputs")
+    writes = ("control edges between pulls",)
 
     def applies(self, ctx):
         return len(ctx.copies) > 1 or ctx.num_micro_batch > 1
 
     def run(self, ctx):
-        leaders = [c for c, (_, j) in enumerate(ctx.copies) if j == 0]
+        readers = [reader for reader, _ in ctx.readers()]
+        everyone = list(range(len(ctx.copies)))
         for op in ctx.roles.cloned:
             if op.type not in GET_NEXT_TYPES:
                 continue
+            pulling = readers if op.name in ctx.split_inputs else everyone
             pulls = [ctx.instance(op, copy, m) for m in range(ctx.num_micro_batch)
-                     for copy in leaders]
+                     for copy in pulling]
             for before, after in zip(pulls, pulls[1:]):
                 tf_adapter.add_control_inputs(after, [before])

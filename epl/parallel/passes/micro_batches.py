@@ -3,7 +3,7 @@ from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.ir.traverse import control_flow_interior
 from epl.parallel.clone import clone_ops
-from epl.parallel.passes import Pass
+from epl.parallel.passes import REPLICATE, Pass
 from epl.parallel.roles import is_variable
 
 MICRO_BATCH_PREFIX = "EPL_MICRO_BATCH_%d"
@@ -20,6 +20,9 @@ class MicroBatchClone(Pass):
     """
 
     name = "micro_batch_clone"
+    phase = REPLICATE
+    reads = ("roles", "num_micro_batch")
+    writes = ("instances[(0, m)]", "IR clones")
 
     def applies(self, ctx):
         return ctx.num_micro_batch > 1

@@ -1,7 +1,8 @@
 """Merge tensors in ``epl.GraphKeys`` collections over micro-batches and replicas."""
 from epl.communicators import as_rank1
 from epl.ir.collections import GraphKeys
-from epl.parallel.passes import Pass
+from epl.parallel.context import OUTPUTS
+from epl.parallel.passes import LOWER, Pass
 from epl.parallel.roles import is_summary
 from epl.tf_adapter import tf
 
@@ -27,6 +28,9 @@ class MergedOutputs(Pass):
     """
 
     name = "merged_outputs"
+    phase = LOWER
+    reads = ("IR collections", "copies", "instances", "plan groups")
+    writes = ("program.merged", "program.extras", "summary rewiring")
 
     def applies(self, ctx):
         return any(ctx.view.collections.values())
@@ -47,7 +51,7 @@ class MergedOutputs(Pass):
                 with tf.device(ctx.device(taskgraph, copy)):
                     local.append(reduce_parts(parts, reduction))
             merged = local
-            comm = ctx.communicator("outputs", taskgraph)
+            comm = ctx.communicator(ctx.plan.taskgraphs[taskgraph].all_group, OUTPUTS)
             if scope == "global" and comm.group_size > 1:
                 merged = [self._collective(comm, value, ctx.device(taskgraph, copy), name,
                                            reduction)

@@ -16,8 +16,8 @@ invalid and an untaken branch would kill the barrier.
 from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.ir.traverse import ancestors, control_flow_interior
-from epl.parallel.passes import Pass
-from epl.strategies.schedule import get_schedule, validate
+from epl.parallel.passes import LOWER, Pass
+from epl.strategies.schedule import validate
 from epl.tf_adapter import tf
 
 _KINDS = {Phase.FORWARD: "F", Phase.BACKWARD: "B"}
@@ -27,13 +27,16 @@ class ScheduleLowering(Pass):
     """Impose ``pipeline.strategy`` on every stage of every local pipeline copy."""
 
     name = "schedule_lowering"
+    phase = LOWER
+    reads = ("plan.schedule", "apply records", "instances")
+    writes = ("stage barriers", "program.schedule", "program.boundaries")
 
     def applies(self, ctx):
         return ctx.plan.pipeline
 
     def run(self, ctx):
         stages = len(ctx.plan.stages)
-        schedule = get_schedule(ctx.config.pipeline.strategy, stages, ctx.num_micro_batch)
+        schedule = ctx.plan.schedule
         validate(schedule)
         no_entrance, no_exit = control_flow_interior(ctx.tf_graph)
         ctx.program.schedule = schedule
@@ -66,7 +69,7 @@ def _action_keys(ctx, copy):
     """op name -> action key for the ops a step of ``copy`` runs."""
     roots = []
     for call in ctx.view.apply_calls:
-        for grad, _ in call:
+        for grad, _ in call.grads_and_vars:
             tensors = [grad.values, grad.indices] if isinstance(grad, tf.IndexedSlices) \
                 else [grad]
             for tensor in tensors:
@@ -75,7 +78,7 @@ def _action_keys(ctx, copy):
     keys = {}
     for name in ancestors(roots):
         info = ctx.view.info(name)
-        if info is not None and info.replica == copy and info.phase in _KINDS:
+        if info is not None and info.copy == copy and info.phase in _KINDS:
             keys[name] = (info.taskgraph, _KINDS[info.phase], info.micro_batch)
     return keys
 

@@ -1,6 +1,6 @@
 """Place the user's ops (copy 0) on the plan's devices; shared ops on the host."""
 from epl import tf_adapter
-from epl.parallel.passes import Pass
+from epl.parallel.passes import REPLICATE, Pass
 
 
 class Placement(Pass):
@@ -12,6 +12,9 @@ class Placement(Pass):
     """
 
     name = "placement"
+    phase = REPLICATE
+    reads = ("roles", "plan devices")
+    writes = ("devices of copy 0 and shared ops",)
 
     def run(self, ctx):
         for op in ctx.roles.cloned:

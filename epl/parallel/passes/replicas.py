@@ -1,6 +1,6 @@
 """Clone the user's model once per extra local copy (replicas 1..k-1)."""
 from epl.parallel.clone import clone_ops
-from epl.parallel.passes import Pass
+from epl.parallel.passes import REPLICATE, Pass
 
 REPLICA_PREFIX = "EPL_REPLICA_%d"
 
@@ -15,6 +15,9 @@ class ReplicaClone(Pass):
     """
 
     name = "replica_clone"
+    phase = REPLICATE
+    reads = ("roles", "copies", "instances")
+    writes = ("instances[(c, m)]", "IR clones", "program.extras")
 
     def applies(self, ctx):
         return len(ctx.copies) > 1

@@ -1,7 +1,7 @@
 """The shared global step advances once per step, after every copy's update."""
 from epl import tf_adapter
 from epl.ir.phase import Phase
-from epl.parallel.passes import Pass
+from epl.parallel.passes import LOWER, Pass
 
 
 class SharedStepDependencies(Pass):
@@ -13,6 +13,9 @@ class SharedStepDependencies(Pass):
     """
 
     name = "shared_step_dependencies"
+    phase = LOWER
+    reads = ("roles.global_step", "copies", "instances")
+    writes = ("control edges on the step increment",)
 
     def applies(self, ctx):
         return len(ctx.copies) > 1 and bool(ctx.roles.global_step)

@@ -1,6 +1,7 @@
 """Make every copy's variables equal to replica 0's before the first step."""
 from epl import tf_adapter
-from epl.parallel.passes import Pass
+from epl.parallel.context import SYNC
+from epl.parallel.passes import LOWER, Pass
 from epl.tf_adapter import tf
 
 
@@ -16,6 +17,9 @@ class VariableSync(Pass):
     """
 
     name = "variable_sync"
+    phase = LOWER
+    reads = ("roles.variables", "copies", "plan sync groups", "epl_variables")
+    writes = ("program.sync_op", "program.init_check")
 
     def run(self, ctx):
         ops = []
@@ -39,40 +43,37 @@ class VariableSync(Pass):
 
     @staticmethod
     def _broadcast_variable(ctx, var_op):
-        """Worker 0's copy 0 -> every driver's copy 0 (collective) -> local copies (assign).
+        """Root's copy -> one copy per worker (collective) -> other local copies (assign).
 
-        Copies built in the same graph are plain assignments; only one device
-        per driver worker takes part in the collective broadcast.
+        Copies are grouped by the weights they hold (a split TaskGraph's shard,
+        else all of them). Per group, only the first local holder takes part in
+        the collective broadcast over the plan's sync group (one device per
+        worker); copies built in the same graph are plain assignments.
         """
-        taskgraph = ctx.view.info(var_op).taskgraph
-        drivers = ctx.driver_devices(taskgraph)
-        shape = tf_adapter.variable_shape(var_op)
-        dtype = tf_adapter.variable_dtype(var_op)
-        ops, local = [], ctx.device(taskgraph, 0)
-        with tf.device(local), tf.name_scope("EPL_SYNC"):
-            source = tf_adapter.read_variable(var_op)
-            if len(drivers) > 1:
-                if not shape.is_fully_defined():
-                    raise ValueError("EPL needs a fully defined shape to broadcast variable "
-                                     "%s, got %s" % (var_op.name, shape))
-                comm = ctx.group("broadcast/%s" % ctx.plan.taskgraphs[taskgraph].name, drivers)
-                if local == drivers[0]:
-                    ops.append(comm.broadcast_send(source, local, "var/" + var_op.name).op)
-                else:
-                    source = comm.broadcast_recv(shape, dtype, local, "var/" + var_op.name)
-                    ops.append(tf_adapter.assign_variable(var_op, source))
-        for copy in range(1, len(ctx.copies)):
-            with tf.device(ctx.device(taskgraph, copy)), tf.name_scope("EPL_SYNC"):
-                ops.append(tf_adapter.assign_variable(ctx.instance(var_op, copy), source))
+        taskgraph = ctx.taskgraph_of(var_op)
+        tg_plan = ctx.plan.taskgraphs[taskgraph]
+        holders = {}
+        for copy in range(len(ctx.copies)):
+            holders.setdefault(ctx.weight_position(taskgraph, copy), []).append(copy)
+        ops = []
+        for position, copies in sorted(holders.items()):
+            group = tg_plan.sync_group(position)
+            leader = copies[0]
+            source, leader_ops = _leader_value(ctx, var_op, taskgraph, leader, group)
+            ops += leader_ops
+            for copy in copies[1:]:
+                with tf.device(ctx.device(taskgraph, copy)), tf.name_scope("EPL_SYNC"):
+                    ops.append(tf_adapter.assign_variable(ctx.instance(var_op, copy), source))
         return ops
 
     @staticmethod
     def _broadcast_step(ctx):
         step = tf_adapter.global_step_tensor(ctx.tf_graph)
-        if step is None or len(ctx.drivers) == 1:
+        group = ctx.plan.host_group
+        if step is None or group.size == 1:
             return []
-        comm = ctx.host_communicator("broadcast/global_step")
-        root = ctx.cluster.worker_cpu(ctx.drivers[0])
+        comm = ctx.communicator(group, SYNC)
+        root = group.devices[0]
         with tf.device(ctx.host), tf.name_scope("EPL_SYNC"):
             if ctx.host == root:
                 return [comm.broadcast_send(tf_adapter.read_variable(step.op), ctx.host,
@@ -80,3 +81,23 @@ class VariableSync(Pass):
             value = comm.broadcast_recv(tf.TensorShape([]), step.dtype.base_dtype, ctx.host,
                                         "global_step")
             return [tf_adapter.assign_variable(step.op, value)]
+
+
+def _leader_value(ctx, var_op, taskgraph, leader, group):
+    """(value the leader copy ends with, ops): the root sends, other workers receive."""
+    var = ctx.instance(var_op, leader)
+    device = ctx.device(taskgraph, leader)
+    with tf.device(device), tf.name_scope("EPL_SYNC"):
+        source = tf_adapter.read_variable(var)
+        if group.size == 1:
+            return source, []
+        shape = tf_adapter.variable_shape(var_op)
+        if not shape.is_fully_defined():
+            raise ValueError("EPL needs a fully defined shape to broadcast variable %s, got %s"
+                             % (var_op.name, shape))
+        comm = ctx.communicator(group, SYNC)
+        if device == group.devices[0]:
+            return source, [comm.broadcast_send(source, device, "var/" + var_op.name).op]
+        value = comm.broadcast_recv(shape, tf_adapter.variable_dtype(var_op), device,
+                                    "var/" + var_op.name)
+        return value, [tf_adapter.assign_variable(var, value)]

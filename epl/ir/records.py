@@ -1,0 +1,48 @@
+"""Build-time records of the calls that make a training step.
+
+EPL's hooks record every ``tf.gradients`` call and every ``apply_gradients``
+call as the user made them, so that a rewrite pass can find the training step,
+scale a loss, rebuild gradients or call an optimizer again (AMP loss scaling,
+gradient checkpointing, ZeRO) without re-deriving them from the graph.
+"""
+import collections
+
+
+class GradientCall(collections.namedtuple("GradientCall", ["ys", "xs", "grad_ys", "grads"])):
+    """One ``tf.gradients(ys, xs, grad_ys)`` call and the gradients it returned
+    (after ``communication.sparse_as_dense``); lists, aligned with ``xs``."""
+
+    __slots__ = ()
+
+    def gradient_of(self, var_op_name):
+        """The gradient this call returned for the variable op ``var_op_name``, or None."""
+        for x, grad in zip(self.xs, self.grads):
+            if getattr(x, "op", None) is not None and x.op.name == var_op_name:
+                return grad
+        return None
+
+
+class ApplyCall(collections.namedtuple(
+        "ApplyCall", ["optimizer", "grads_and_vars", "global_step", "name"])):
+    """One ``optimizer.apply_gradients`` call; ``grads_and_vars`` keeps only the
+    pairs with a gradient (None gradients do not train)."""
+
+    __slots__ = ()
+
+    def __iter__(self):
+        """Iterating a call yields its (gradient, variable) pairs."""
+        return iter(self.grads_and_vars)
+
+    def __len__(self):
+        return len(self.grads_and_vars)
+
+    @property
+    def variables(self):
+        return [v for _, v in self.grads_and_vars]
+
+
+def as_list(value):
+    """``tf.gradients`` takes a tensor or a list; records always hold lists."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
