@@ -42,13 +42,14 @@ class Graph(object):
         self.gradient_calls = []        # GradientCall per tf.gradients call
         self.apply_calls = []           # ApplyCall per optimizer.apply_gradients call
         self.collections = dict((key, []) for key in GraphKeys.ALL)
+        self.specialized = {}           # op name -> builder(copy, micro_batch, inputs) -> op
         self.parallel = None            # the rewrite's result, once it has run
         self.rewrite_error = None       # why the rewrite failed, if it did
         self._segment_taskgraph = {}
         self._unassigned = []
         self._phases = [Phase.FORWARD]
         self._resolving = []
-        self._frozen = False
+        self._forced = []               # (taskgraph, phase) while a model pass builds ops
 
     # ---- lookup --------------------------------------------------------------
     @classmethod
@@ -78,6 +79,12 @@ class Graph(object):
     @property
     def phase(self):
         return self._phases[-1]
+
+    def specialize(self, op, builder):
+        """Mark ``op`` (built for copy 0, micro-batch 0) as one that every other copy and
+        micro-batch builds with ``builder(copy, micro_batch, inputs) -> op`` instead of
+        cloning it: collectives whose rank and group depend on the copy."""
+        self.specialized[op.name] = builder
 
     def raw_gradient(self, var_op_name):
         """The gradient ``tf.gradients`` last returned for a variable, or None."""
@@ -114,9 +121,24 @@ class Graph(object):
             if phase != Phase.EPL:
                 self._resolve(created)
 
+    @contextlib.contextmanager
+    def building(self, taskgraph, phase):
+        """Ops created inside belong to ``taskgraph`` and ``phase``, whatever scope is
+        active: for model passes that add ops to the user's single-copy model
+        (split layers, recomputation, casts), which are then classified and
+        copied like the user's own ops."""
+        self._forced.append((taskgraph, phase))
+        try:
+            yield
+        finally:
+            self._forced.pop()
+
     def register_op(self, op, segment):
         """Record a newly created op (called by the op-creation hook)."""
-        if self._frozen:
+        if self._forced:
+            taskgraph, phase = self._forced[-1]
+            self.op_info[op.name] = OpInfo(taskgraph, phase)
+            self.taskgraphs[taskgraph].op_names.append(op.name)
             return
         phase = self.phase
         taskgraph = None
@@ -220,10 +242,6 @@ class Graph(object):
         if known:
             return max(known)
         return self._default_taskgraph()
-
-    def freeze(self):
-        """Stop registering ops (after the rewrite, new ops are EPL's own)."""
-        self._frozen = True
 
     # ---- queries ---------------------------------------------------------------
     def ops(self, taskgraph=None, phases=None, copy=0, micro_batch=0):

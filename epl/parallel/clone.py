@@ -1,15 +1,24 @@
 """Copy a set of ops into the same graph under a name prefix.
 
 The copy is made with ``import_graph_def`` on the NodeDefs of the set, which
-keeps gradients, while loops and conds intact, with three fix-ups TensorFlow
-does not do for us:
+keeps gradients, while loops and conds intact, with fix-ups TensorFlow does
+not do for us:
+
   * every ``Enter`` gets a prefixed ``frame_name``, otherwise two loops share a
     frame and TF refuses to run ("more than one LoopCond");
   * inputs and control inputs from outside the set are re-pointed explicitly
     (``input_map``, or the caller's replacement);
-  * colocation with ops outside the set is dropped (devices are set explicitly
-    afterwards), and resource-variable ``shared_name``s are prefixed so each
-    copy owns its variable.
+  * colocation with ops outside the set is dropped (devices are set explicitly),
+    and resource-variable ``shared_name``s are prefixed so each copy owns its
+    variable;
+  * ops that must be built for their copy, such as a collective whose rank and
+    group depend on the copy, are *specialized*: the import gets a placeholder of
+    the op's output shape, and a builder makes the real op from the clone's
+    inputs, so no collective is ever copied from copy 0 with stale attributes.
+
+A :class:`Cloner` builds the GraphDef of its set once and imports it for every
+prefix (micro-batches, copies), which is most of the rewrite's cost saved on
+big models.
 """
 from epl import tf_adapter
 from epl.tf_adapter import tf
@@ -32,68 +41,144 @@ class CloneResult(object):
         return None if new_op is None else new_op.outputs[source.value_index]
 
 
-def clone_ops(tf_graph, ops, prefix, replace=None, device_of=None):
-    """Clone ``ops`` (a list of tf.Operation) under ``prefix``.
+class Cloner(object):
+    """Clones one fixed set of ops, as often as needed.
 
-    Args:
-      replace: optional dict {source tensor: tensor} for inputs from outside
-        the set; other outside inputs are shared (the copy reads the original).
-      device_of: optional function(source op) -> device string for the copy.
-
-    Returns:
-      CloneResult.
+    ``specialized`` maps the names of ops in the set that must be rebuilt per
+    clone to ``builder(tag, inputs) -> op``; ``tag`` is what the caller passed
+    to :meth:`clone` (which copy, which micro-batch), ``inputs`` the clone's
+    input tensors (cloned where the producer is in the set, else the original
+    or its replacement); the built op must have the source op's outputs.
     """
-    replace = replace or {}
-    names = set(op.name for op in ops)
-    graph_def, input_map, control_edges = _subgraph_def(tf_graph, ops, names, prefix, replace)
-    if not graph_def.node:
-        return CloneResult({})
-    with tf_graph.as_default(), tf.name_scope(None), tf.device(None):
-        imported = tf.import_graph_def(graph_def, input_map=input_map,
-                                       return_elements=[op.name for op in ops], name=prefix)
-    result = CloneResult(dict((src.name, new) for src, new in zip(ops, imported)))
-    for src_name, controls in control_edges.items():
-        tf_adapter.add_control_inputs(result.ops[src_name], controls)
-    if device_of is not None:
-        for src in ops:
-            tf_adapter.set_device(result.ops[src.name], device_of(src))
-    return result
 
+    def __init__(self, tf_graph, ops, specialized=None):
+        self.tf_graph = tf_graph
+        self.ops = list(ops)
+        self.names = set(op.name for op in self.ops)
+        self.specialized = dict(specialized or {})
+        self._template = tf.GraphDef()
+        self._template.versions.CopyFrom(tf_graph.graph_def_versions)
+        self._outside = {}          # tensor ref -> source tensor (inputs from outside)
+        self._control_edges = {}    # op name -> [outside control ops]
+        self._nodes = {}            # op name -> NodeDef in the template
+        self._placeholders = dict(
+            (op.name, ["%s/EPL_SPECIALIZED_%d:0" % (op.name, t.value_index) for t in op.outputs])
+            for op in self.ops if op.name in self.specialized)
+        for op in self.ops:
+            if op.name in self.specialized:
+                self._add_placeholders(op)
+            else:
+                self._add_node(op)
+        _add_functions(tf_graph, self._template, self.ops)
 
-def _subgraph_def(tf_graph, ops, names, prefix, replace):
-    """NodeDefs of the set with outside edges removed and recorded."""
-    graph_def = tf.GraphDef()
-    graph_def.versions.CopyFrom(tf_graph.graph_def_versions)
-    input_map, control_edges = {}, {}
-    for op in ops:
-        node = graph_def.node.add()
+    def _add_node(self, op):
+        node = self._template.node.add()
         node.CopyFrom(op.node_def)
-        _fix_attrs(node, names, prefix)
+        _drop_outside_colocation(node, self.names)
         del node.input[:]
         for tensor in op.inputs:
-            node.input.append(_tensor_ref(tensor))
-            if tensor.op.name not in names:
-                input_map[_tensor_ref(tensor)] = replace.get(tensor, tensor)
+            ref = _tensor_ref(tensor)
+            if tensor.op.name in self._placeholders:
+                ref = self._placeholders[tensor.op.name][tensor.value_index]
+            elif tensor.op.name not in self.names:
+                self._outside[ref] = tensor
+            node.input.append(ref)
         outside = []
         for control in op.control_inputs:
-            if control.name in names:
+            if control.name in self.names and control.name not in self.specialized:
                 node.input.append("^" + control.name)
             else:
                 outside.append(control)
         if outside:
-            control_edges[op.name] = outside
-    _add_functions(tf_graph, graph_def, ops)
-    return graph_def, input_map, control_edges
+            self._control_edges[op.name] = outside
+        self._nodes[op.name] = node
+
+    def _add_placeholders(self, op):
+        """One placeholder per output stands for a specialized op in the import."""
+        for tensor, ref in zip(op.outputs, self._placeholders[op.name]):
+            node = self._template.node.add()
+            node.name = ref[:-len(":0")]
+            node.op = "Placeholder"
+            node.attr["dtype"].type = tensor.dtype.as_datatype_enum
+            node.attr["shape"].shape.CopyFrom(tensor.shape.as_proto())
+
+    def clone(self, prefix, replace=None, device_of=None, tag=None):
+        """Import one copy under ``prefix``.
+
+        Args:
+          tag: handed to the builders of specialized ops.
+          replace: optional {source tensor: tensor} for inputs from outside the
+            set; other outside inputs are shared (the copy reads the original).
+          device_of: optional function(source op) -> device string for the copy.
+        """
+        if not self.ops:
+            return CloneResult({})
+        replace = replace or {}
+        self._prepare(prefix, device_of)
+        input_map = dict((ref, replace.get(t, t)) for ref, t in self._outside.items())
+        returned = [op.name for op in self.ops if op.name not in self.specialized]
+        with self.tf_graph.as_default(), tf.name_scope(None), tf.device(None):
+            imported = tf.import_graph_def(self._template, input_map=input_map,
+                                           return_elements=returned, name=prefix)
+        result = CloneResult(dict(zip(returned, imported)))
+        self._build_specialized(result, prefix, replace, device_of, tag)
+        for name, controls in self._control_edges.items():
+            tf_adapter.add_control_inputs(
+                result.ops[name], [result.ops.get(c.name, c) for c in controls])
+        return result
+
+    def _prepare(self, prefix, device_of):
+        """Per-prefix fields of the template: frame names, shared names, devices."""
+        for op in self.ops:
+            node = self._nodes.get(op.name)
+            if node is None:
+                continue
+            if node.op in _ENTER_TYPES:
+                node.attr["frame_name"].s = ("%s/%s" % (
+                    prefix, op.get_attr("frame_name").decode())).encode()
+            if node.op == "VarHandleOp" and op.get_attr("shared_name"):
+                node.attr["shared_name"].s = ("%s/%s" % (
+                    prefix, op.get_attr("shared_name").decode())).encode()
+            if device_of is not None:
+                node.device = device_of(op)
+
+    def _build_specialized(self, result, prefix, replace, device_of, tag):
+        """Build each specialized op from the clone's inputs; rewire the placeholders'
+        consumers to it. Specialized ops are built in set order, so one may read
+        another's output."""
+        for op in self.ops:
+            if op.name not in self.specialized:
+                continue
+            inputs = [_cloned(t, result, replace) for t in op.inputs]
+            with self.tf_graph.as_default(), tf.name_scope(None), tf.device(
+                    device_of(op) if device_of is not None else op.device):
+                new_op = self.specialized[op.name](tag, inputs)
+            result.ops[op.name] = new_op
+            for ref, new in zip(self._placeholders[op.name], new_op.outputs):
+                placeholder = self.tf_graph.get_tensor_by_name("%s/%s" % (prefix, ref))
+                for consumer in list(placeholder.consumers()):
+                    for index, value in enumerate(consumer.inputs):
+                        if value is placeholder:
+                            tf_adapter.update_input(consumer, index, new)
+
+
+def _cloned(tensor, result, replace):
+    copy = result.tensor(tensor)
+    if copy is not None:
+        return copy
+    return replace.get(tensor, tensor)
+
+
+def clone_ops(tf_graph, ops, prefix, replace=None, device_of=None):
+    """Clone ``ops`` once under ``prefix`` (see :class:`Cloner`)."""
+    return Cloner(tf_graph, ops).clone(prefix, replace, device_of)
 
 
 def _tensor_ref(tensor):
     return "%s:%d" % (tensor.op.name, tensor.value_index)
 
 
-def _fix_attrs(node, names, prefix):
-    if node.op in _ENTER_TYPES:
-        frame = node.attr["frame_name"].s.decode()
-        node.attr["frame_name"].s = ("%s/%s" % (prefix, frame)).encode()
+def _drop_outside_colocation(node, names):
     if "_class" in node.attr:
         kept = [loc for loc in node.attr["_class"].list.s
                 if loc.decode()[len("loc:@"):] in names]
@@ -102,9 +187,6 @@ def _fix_attrs(node, names, prefix):
             node.attr["_class"].list.s.extend(kept)
         else:
             del node.attr["_class"]
-    if node.op == "VarHandleOp" and node.attr["shared_name"].s:
-        node.attr["shared_name"].s = ("%s/%s" % (prefix, node.attr["shared_name"].s.decode())
-                                      ).encode()
 
 
 def _add_functions(tf_graph, graph_def, ops):

@@ -69,20 +69,50 @@ def global_step_ops(tf_graph):
     return names
 
 
+def _initializers(tf_graph):
+    result = []
+    for key in (tf_adapter.tf.GraphKeys.GLOBAL_VARIABLES, tf_adapter.tf.GraphKeys.LOCAL_VARIABLES):
+        result += [v.initializer for v in tf_graph.get_collection(key)]
+    return result
+
+
+def step_roots(view):
+    """Ops a training step needs: updates, gradients, losses and merged outputs."""
+    roots = []
+    for call in view.apply_calls:
+        for grad, var in call:
+            tensors = [grad.values, grad.indices] if hasattr(grad, "indices") else [grad]
+            roots += [t.op for t in tensors]
+    for call in view.gradient_calls:
+        roots += [getattr(y, "op", y) for y in call.ys]
+    for tensors in view.collections.values():
+        roots += [t.op for t in tensors]
+    return roots
+
+
 Roles = collections.namedtuple("Roles", [
-    "cloned", "shared", "variables", "global_step", "pinned"])
+    "cloned", "shared", "variables", "global_step", "pinned", "step", "init_only"])
+Roles.__doc__ = """Roles of the user's ops.
+
+cloned: ordered list of tf.Operation copied per copy; shared: names never copied
+(input pipeline, placeholders, global step, summaries); variables: cloned
+variable ops; global_step: the step variable and its direct users; pinned:
+cloned ops the user placed on a CPU (they stay on the host); step: names of the
+ops a training step runs (ancestors of gradients, losses and merged outputs);
+init_only: names of ops that only compute variables' initial values (copies'
+variables are initialized by EPL's broadcast, so these are never copied)."""
 
 
 def classify(view):
     """Split the view's step ops into cloned and shared sets (op names).
 
-    Returns Roles(cloned: ordered list of tf.Operation, shared: set of names,
-    variables: ordered list of cloned variable ops, global_step: set of names,
-    pinned: names of cloned ops the user placed on a CPU, which stay on the host).
+    Returns :data:`Roles`.
     """
     tf_graph = view.tf_graph
     step = global_step_ops(tf_graph)
     shared = input_pipeline_ops(tf_graph) | step
+    needed = ancestors(step_roots(view))
+    init_only = ancestors(_initializers(tf_graph)) - needed
     cloned, variables, pinned = [], [], set()
     for op in tf_graph.get_operations():
         info = view.info(op)
@@ -91,9 +121,11 @@ def classify(view):
         if op.name in shared or op.type in PLACEHOLDER_TYPES or is_summary(op):
             shared.add(op.name)
             continue
+        if op.name in init_only and not is_variable(op):
+            continue
         cloned.append(op)
         if "CPU" in op.device.upper():
             pinned.add(op.name)
         if is_variable(op):
             variables.append(op)
-    return Roles(cloned, shared, variables, step, pinned)
+    return Roles(cloned, shared, variables, step, pinned, needed, init_only)

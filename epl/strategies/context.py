@@ -10,8 +10,11 @@ import collections
 import threading
 
 
-class StrategyError(ValueError):
-    """Invalid strategy arguments or scope usage."""
+class StrategyError(ValueError, RuntimeError):
+    """Invalid strategy arguments or scope usage.
+
+    Both a ValueError and a RuntimeError: code written for the original EPL
+    catches RuntimeError for nested scopes."""
 
 
 Segment = collections.namedtuple("Segment", ["id", "strategy", "is_default"])
@@ -23,12 +26,16 @@ class StrategyContext(object):
     def __init__(self):
         self._active = None
         self._default = None
-        self._next_id = 0
+        self._ids = {}          # id(strategy) -> (segment id, strategy kept alive)
 
     def _new_segment(self, strategy, is_default):
-        segment = Segment(self._next_id, strategy, is_default)
-        self._next_id += 1
-        return segment
+        """A segment of ``strategy``; entering the same strategy object again (or a
+        scope of the default strategy) continues its TaskGraph, as the seeds say
+        each strategy defines one TaskGraph."""
+        known = self._ids.get(id(strategy))
+        if known is None:
+            known = self._ids[id(strategy)] = (len(self._ids), strategy)
+        return Segment(known[0], strategy, is_default)
 
     def enter(self, strategy):
         if self._active is not None:

@@ -2,7 +2,7 @@
 from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.ir.traverse import control_flow_interior
-from epl.parallel.clone import clone_ops
+from epl.parallel.clone import Cloner
 from epl.parallel.passes import REPLICATE, Pass
 from epl.parallel.roles import is_variable
 
@@ -28,12 +28,15 @@ class MicroBatchClone(Pass):
         return ctx.num_micro_batch > 1
 
     def run(self, ctx):
-        phases = (Phase.FORWARD, Phase.BACKWARD)
-        sources = [op for op in ctx.roles.cloned
-                   if ctx.view.info(op).phase in phases and not is_variable(op)]
+        sources = micro_batch_sources(ctx)
+        specialized = dict((op.name, ctx.view.specialized[op.name]) for op in sources
+                           if op.name in ctx.view.specialized)
+        cloner = Cloner(ctx.tf_graph, sources, dict(
+            (name, lambda tag, inputs, build=build: build(tag[0], tag[1], inputs))
+            for name, build in specialized.items()))
         for micro_batch in range(1, ctx.num_micro_batch):
-            result = clone_ops(ctx.tf_graph, sources, MICRO_BATCH_PREFIX % micro_batch,
-                               device_of=lambda src: src.device)
+            result = cloner.clone(MICRO_BATCH_PREFIX % micro_batch,
+                                  device_of=lambda src: src.device, tag=(0, micro_batch))
             table = ctx.instances.setdefault((0, micro_batch), {})
             for source in sources:
                 new_op = result.ops[source.name]
@@ -41,6 +44,26 @@ class MicroBatchClone(Pass):
                 ctx.view.record_clone(new_op, ctx.view.info(source), 0, micro_batch,
                                       source.name)
         _order_shared_writes(ctx, sources)
+
+
+def micro_batch_sources(ctx):
+    """The ops each micro-batch needs a copy of: the forward and backward ops of the
+    training step (not variables, not what only initializes them), except
+    constants without control inputs, which every micro-batch shares (they sit
+    on the stage's device already and are a quarter of a typical model's ops)."""
+    phases = (Phase.FORWARD, Phase.BACKWARD)
+    sources = []
+    for op in ctx.roles.cloned:
+        if ctx.view.info(op).phase not in phases or is_variable(op):
+            continue
+        if op.name not in ctx.roles.step or _shareable_constant(op):
+            continue
+        sources.append(op)
+    return sources
+
+
+def _shareable_constant(op):
+    return op.type == "Const" and not op.control_inputs
 
 
 def _order_shared_writes(ctx, sources):

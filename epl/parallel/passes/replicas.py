@@ -1,5 +1,5 @@
 """Clone the user's model once per extra local copy (replicas 1..k-1)."""
-from epl.parallel.clone import clone_ops
+from epl.parallel.clone import Cloner
 from epl.parallel.passes import REPLICATE, Pass
 
 REPLICA_PREFIX = "EPL_REPLICA_%d"
@@ -9,7 +9,9 @@ class ReplicaClone(Pass):
     """Copy every cloned op (all micro-batches) to each other local device.
 
     Variables are copied too; the sync pass makes the copies equal to
-    replica 0 before the first step. Shared inputs (iterators, placeholders,
+    replica 0 before the first step. Ops a model pass registered in
+    ``view.specialized`` (collectives of split layers) are built for each copy
+    by their builder instead of being copied from copy 0. Shared inputs (iterators, placeholders,
     global step) are read by every copy; each copy's get-next op pulls its
     own batch. Names get an ``EPL_REPLICA_<i>/`` prefix for TensorBoard only.
     """
@@ -30,10 +32,18 @@ class ReplicaClone(Pass):
                 if micro_batch == 0 or source is not op:
                     sources.append(source)
                     user_of[source.name] = (op, micro_batch)
+        specialized = {}
+        for source in sources:
+            user_op, micro_batch = user_of[source.name]
+            build = ctx.view.specialized.get(user_op.name)
+            if build is not None:
+                specialized[source.name] = (
+                    lambda tag, inputs, build=build, m=micro_batch: build(tag, m, inputs))
+        cloner = Cloner(ctx.tf_graph, sources, specialized)
         for copy in range(1, len(ctx.copies)):
-            result = clone_ops(ctx.tf_graph, sources, REPLICA_PREFIX % copy,
-                               device_of=lambda src, c=copy: ctx.device_for(user_of[src.name][0],
-                                                                            c))
+            result = cloner.clone(
+                REPLICA_PREFIX % copy, tag=copy,
+                device_of=lambda src, c=copy: ctx.device_for(user_of[src.name][0], c))
             for source in sources:
                 user_op, micro_batch = user_of[source.name]
                 new_op = result.ops[source.name]

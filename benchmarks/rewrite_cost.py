@@ -1,0 +1,141 @@
+"""What EPL's graph rewrite costs: build time, rewrite time, time to the first step, ops.
+
+For a BERT-shaped encoder (``benchmarks/transformer.py``) each configuration
+(model size x pipeline stages x micro-batches x replicas) runs in a fresh child
+process, once as plain TensorFlow (the same work per step on one device, no
+EPL) and once under EPL:
+
+* ``build s``: building the graph (EPL's op-creation hooks installed or not);
+* ``rewrite s``: EPL's ``parallelize`` (inside the session's graph finalize);
+* ``first step s``: from the start of ``MonitoredTrainingSession`` creation to
+  the end of the first ``run`` (for EPL it includes the rewrite);
+* ``ops``: graph size before and after the rewrite.
+
+Targets (issue 10): time to the end of the first step at most 1.5x plain TF's,
+the rewrite under 3 s (BERT-base, 2 stages x 4 micro-batches on 1 worker x 2
+devices), build time within 10% of plain TF.
+
+    .venv/bin/python benchmarks/rewrite_cost.py [--sizes base,small] [--quick]
+
+Writes benchmarks/results/rewrite_cost.{json,md}.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import common  # noqa: E402
+
+# (size, stages, micro-batches, replicas): the issue's headline configuration first.
+CONFIGS = [("base", 2, 4, 1), ("base", 1, 4, 1), ("base", 1, 1, 2),
+           ("small", 2, 4, 1), ("small", 2, 8, 1), ("small", 1, 4, 1), ("small", 1, 1, 2),
+           ("small", 2, 4, 2)]
+MICRO_BATCH = 4
+TIMEOUT = 1800
+
+
+def child(args):
+    """One measurement in this process; prints a BENCH line."""
+    import tensorflow.compat.v1 as tf
+    import transformer
+    size = transformer.SIZES[args.size]
+    devices = args.stages * args.replicas
+    timings, counts = {}, {}
+    if args.mode == "epl":
+        import epl
+        from epl.cluster import Cluster
+        from epl.parallel import rewriter
+        original = rewriter.parallelize
+
+        def timed(*a, **k):
+            start = time.time()
+            try:
+                return original(*a, **k)
+            finally:
+                timings["rewrite"] = time.time() - start
+        rewriter.parallelize = timed
+        epl.init(epl.Config({"pipeline.num_micro_batch": args.micro_batches}),
+                 cluster=Cluster(devices_per_worker=devices))
+        if args.stages == 1:
+            epl.set_default_strategy(epl.replicate(1))
+        per_stage = max(1, size["layers"] // args.stages)
+        stages = [epl.replicate(1, name="stage_%d" % s) for s in range(args.stages)]
+        stage_of = None if args.stages == 1 else (
+            lambda layer: stages[min(layer // per_stage, args.stages - 1)])
+        batch = MICRO_BATCH
+    else:
+        stage_of, batch = None, MICRO_BATCH * args.micro_batches * args.replicas
+    start = time.time()
+    loss, train = transformer.build(tf, size, batch, stage_of)
+    timings["build"] = time.time() - start
+    counts["ops_before"] = len(tf.get_default_graph().get_operations())
+    config = tf.ConfigProto(device_count={"CPU": devices})
+    start = time.time()
+    with tf.train.MonitoredTrainingSession(config=config) as sess:
+        sess.run(train)
+        timings["first_step"] = time.time() - start
+        counts["ops_after"] = len(tf.get_default_graph().get_operations())
+    common.bench_line(dict(timings, **counts))
+
+
+def run_config(size, stages, micro_batches, replicas, mode):
+    argv = [sys.executable, os.path.abspath(__file__), "--child", "--mode", mode,
+            "--size", size, "--stages", str(stages), "--micro-batches", str(micro_batches),
+            "--replicas", str(replicas)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=common.REPO)
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=TIMEOUT, env=env)
+    lines = proc.stdout.decode(errors="replace").splitlines()
+    payloads = common.parse_bench(lines, common.SINGLE_LINE)
+    if proc.returncode != 0 or not payloads:
+        raise common.BenchmarkError("%s failed (exit %d):\n%s" % (
+            " ".join(argv[2:]), proc.returncode, "\n".join(lines[-30:])))
+    return list(payloads.values())[0]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", default="epl", choices=("epl", "plain"))
+    parser.add_argument("--size", default="base")
+    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--micro-batches", type=int, default=4)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--sizes", default="base,small")
+    parser.add_argument("--quick", action="store_true", help="small model only")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = parser.parse_args(argv)
+    if args.child:
+        return child(args)
+    sizes = ["small"] if args.quick else args.sizes.split(",")
+    rows, records = [], []
+    for size, stages, micro, replicas in CONFIGS:
+        if size not in sizes:
+            continue
+        plain = run_config(size, stages, micro, replicas, "plain")
+        epl_run = run_config(size, stages, micro, replicas, "epl")
+        record = dict(size=size, stages=stages, micro_batches=micro, replicas=replicas,
+                      plain=plain, epl=epl_run)
+        records.append(record)
+        rows.append([size, stages, micro, replicas,
+                     "%.1f / %.1f" % (plain["build"], epl_run["build"]),
+                     "%.2f" % epl_run["rewrite"],
+                     "%.1f / %.1f (%.2fx)" % (plain["first_step"], epl_run["first_step"],
+                                              epl_run["first_step"] / plain["first_step"]),
+                     "%d -> %d" % (epl_run["ops_before"], epl_run["ops_after"])])
+        print(rows[-1], flush=True)
+    markdown = common.markdown_table(
+        ["model", "stages", "micro-batches", "replicas", "build s (TF / EPL)", "rewrite s",
+         "first step s (TF / EPL)", "EPL ops before -> after"], rows)
+    payload = dict(records=records, environment=common.environment_info(sys.argv))
+    common.write_results(args.out, "rewrite_cost", payload, markdown)
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

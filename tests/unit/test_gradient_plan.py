@@ -1,0 +1,62 @@
+"""The gradient plan is pure data: groups, buckets, reductions and divisors."""
+from epl.config import Config
+from epl.parallel import gradient_plan as gp
+from epl.parallel.mesh import Group
+
+TWO = Group("tg/dp", "dp", None, ("a", "b"))
+ONE = Group("tg/dp", "dp", None, ("a",))
+
+
+def info(name, order, nbytes=400, sparse=False, taskgraph=0, dtype="float32"):
+    return gp.GradientInfo(name, taskgraph, sparse, nbytes, dtype, order)
+
+
+def plan(infos, group=TWO, micro=1, steps=1, **config):
+    settings = {"communication.max_splits": 2}
+    settings.update(config)
+    return gp.plan_gradients(infos, lambda tg: group, Config(settings).communication, micro,
+                             steps)
+
+
+def test_dense_gradients_are_bucketed_in_production_order():
+    result = plan([info("late", 3), info("early", 1), info("mid", 2), info("last", 4)])
+    assert [e.name for e in result.entries] == ["early", "mid", "late", "last"]
+    assert [e.bucket for e in result.entries] == [0, 0, 1, 1]
+    assert all(e.reduction == gp.ALL_REDUCE and e.mean for e in result.entries)
+    assert list(result.buckets()) == [("tg/dp", 0), ("tg/dp", 1)]
+
+
+def test_sparse_gradients_are_gathered_unfused():
+    result = plan([info("emb", 1, sparse=True), info("dense", 2)])
+    assert result.entry("emb").reduction == gp.ALL_GATHER
+    assert result.entry("emb").bucket is None
+    assert result.entry("dense").bucket == 0
+
+
+def test_accumulated_sparse_is_reduced_densely():
+    result = plan([info("emb", 1, sparse=True)], steps=3)
+    entry = result.entry("emb")
+    assert entry.reduction == gp.ACCUMULATED_SPARSE and entry.accumulate
+    assert entry.divisor == 3
+
+
+def test_one_device_groups_communicate_nothing():
+    result = plan([info("w", 1), info("emb", 2, sparse=True)], group=ONE, steps=2)
+    assert {e.reduction for e in result.entries} == {gp.LOCAL}
+    assert all(e.bucket is None for e in result.entries)
+
+
+def test_divisor_counts_micro_batches_and_accumulation_for_mean_only():
+    assert plan([info("w", 1)], micro=4).entry("w").divisor == 4
+    summed = plan([info("w", 1)], micro=4, **{"communication.gradients_reduce_method": "sum"})
+    assert summed.entry("w").divisor == 1 and not summed.entry("w").mean
+
+
+def test_groups_per_taskgraph_and_dtypes_never_share_a_bucket():
+    groups = {0: TWO, 1: Group("head/dp/shard0", "dp", 0, ("a", "c"))}
+    infos = [info("a", 1), info("b", 2, dtype="float16"), info("h", 3, taskgraph=1)]
+    result = gp.plan_gradients(infos, groups.get, Config().communication)
+    assert result.entry("h").group.name == "head/dp/shard0"
+    assert result.entry("a").bucket != result.entry("b").bucket
+    text = str(result)
+    assert "a: all_reduce bucket 0 over tg/dp (mean)" in text
