@@ -26,6 +26,8 @@ __all__ = ["tf", "collective_ops"]
 OP_CREATION = (_ops.Graph, "_add_op")
 GRAPH_FINALIZE = (_ops.Graph, "finalize")
 GRADIENTS = (_gradients_util, "_GradientsHelper")
+# The context tf.gradients opens around the gradient ops of each forward op.
+GRADIENT_OF_OP = (_gradients_util, "_maybe_colocate_with")
 APPLY_GRADIENTS = (_optimizer.Optimizer, "apply_gradients")
 SESSION_INIT = (_session.BaseSession, "__init__")
 SESSION_RUN = (_session.BaseSession, "run")
@@ -140,6 +142,41 @@ def global_step_tensor(graph):
 def graph_is_nested():
     """True inside an explicit ``with tf.Graph().as_default():`` block."""
     return not _ops._default_graph_stack.is_cleared()  # pylint: disable=protected-access
+
+
+def import_nodes(tf_graph, graph_def, input_map, prefix, return_elements):
+    """``tf.import_graph_def`` for NodeDefs copied from ops of ``tf_graph`` itself.
+
+    The public importer re-validates every NodeDef against its OpDef and, per
+    imported op, resets its device and re-applies device functions in Python;
+    for a copy of a large model that is most of the rewrite. EPL's NodeDefs
+    come from existing ops (defaults already filled in) and carry the devices
+    EPL wants, so this variant keeps TF's C++ import and only creates the
+    Python op objects. Falls back to the public importer if TF's internals
+    differ (another TF version).
+    """
+    from tensorflow.python import pywrap_tensorflow as c_api
+    from tensorflow.python.framework import c_api_util
+    from tensorflow.python.framework import importer
+    try:
+        options_helper = importer._PopulateTFImportGraphDefOptions
+        gather = importer._GatherReturnElements
+    except AttributeError:  # pragma: no cover - other TF versions
+        with tf_graph.as_default():
+            return tf.import_graph_def(graph_def, input_map=input_map,
+                                       return_elements=return_elements, name=prefix)
+    with tf_graph.as_default(), tf.name_scope(None):
+        with tf.name_scope(prefix) as scope:
+            prefix = scope[:-1]
+        scoped = c_api_util.ScopedTFImportGraphDefOptions()
+        options_helper(scoped.options, prefix, input_map, return_elements, True)
+        with tf_graph._mutation_lock():
+            with c_api_util.tf_buffer(graph_def.SerializeToString()) as serialized:
+                results = c_api.TF_GraphImportGraphDefWithResults(
+                    tf_graph._c_graph, serialized, scoped.options)
+                results = c_api_util.ScopedTFImportGraphDefResults(results)
+            tf_graph._add_new_tf_operations(compute_devices=False)
+        return gather(return_elements, tf_graph, results.results)
 
 
 def with_unknown_rows(tensor):

@@ -50,6 +50,7 @@ class Graph(object):
         self._phases = [Phase.FORWARD]
         self._resolving = []
         self._forced = []               # (taskgraph, phase) while a model pass builds ops
+        self._gradient_of = []          # forward ops whose gradient ops are being built
 
     # ---- lookup --------------------------------------------------------------
     @classmethod
@@ -122,6 +123,19 @@ class Graph(object):
                 self._resolve(created)
 
     @contextlib.contextmanager
+    def gradient_of(self, op):
+        """Ops created inside are part of ``op``'s gradient: they join its TaskGraph.
+
+        tf.gradients opens this context (through EPL's hook) around the gradient
+        ops of every forward op, which attributes backward ops to stages without
+        forcing ``colocate_gradients_with_ops`` (which slows graph building)."""
+        self._gradient_of.append(op)
+        try:
+            yield
+        finally:
+            self._gradient_of.pop()
+
+    @contextlib.contextmanager
     def building(self, taskgraph, phase):
         """Ops created inside belong to ``taskgraph`` and ``phase``, whatever scope is
         active: for model passes that add ops to the user's single-copy model
@@ -146,6 +160,9 @@ class Graph(object):
             phase, taskgraph = self._phase_from_inputs(op)
             if phase == Phase.FORWARD:
                 taskgraph = self._taskgraph_for_segment(segment)
+        elif phase == Phase.BACKWARD and self._gradient_of:
+            forward = self.op_info.get(self._gradient_of[-1].name)
+            taskgraph = forward.taskgraph if forward is not None else None
         info = OpInfo(taskgraph, phase)
         self.op_info[op.name] = info
         if taskgraph is not None:

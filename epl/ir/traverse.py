@@ -10,17 +10,24 @@ def ancestors(roots, stop=None):
     ``stop(op)`` (optional) returns True for ops whose inputs are not followed;
     such ops are still included.
     """
-    seen, stack = set(), list(roots)
+    return set(op.name for op in ancestor_ops(roots, stop))
+
+
+def ancestor_ops(roots, stop=None):
+    """Like :func:`ancestors`, but the ops themselves (TF op names are C calls;
+    a walk over a big model that compares names spends its time there)."""
+    seen, found, stack = set(), [], list(roots)
     while stack:
         op = stack.pop()
-        if op.name in seen:
+        if id(op) in seen:
             continue
-        seen.add(op.name)
+        seen.add(id(op))
+        found.append(op)
         if stop is not None and stop(op):
             continue
         stack.extend(t.op for t in op.inputs)
         stack.extend(op.control_inputs)
-    return seen
+    return found
 
 
 def descendants(starts, stop=None, include_stop=True):

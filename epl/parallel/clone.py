@@ -117,9 +117,13 @@ class Cloner(object):
         self._prepare(prefix, device_of)
         input_map = dict((ref, replace.get(t, t)) for ref, t in self._outside.items())
         returned = [op.name for op in self.ops if op.name not in self.specialized]
-        with self.tf_graph.as_default(), tf.name_scope(None), tf.device(None):
-            imported = tf.import_graph_def(self._template, input_map=input_map,
-                                           return_elements=returned, name=prefix)
+        if self._template.library.function:
+            with self.tf_graph.as_default(), tf.name_scope(None), tf.device(None):
+                imported = tf.import_graph_def(self._template, input_map=input_map,
+                                               return_elements=returned, name=prefix)
+        else:
+            imported = tf_adapter.import_nodes(self.tf_graph, self._template, input_map, prefix,
+                                               returned)
         result = CloneResult(dict(zip(returned, imported)))
         self._build_specialized(result, prefix, replace, device_of, tag)
         for name, controls in self._control_edges.items():

@@ -67,19 +67,33 @@ def _shareable_constant(op):
 
 
 def _order_shared_writes(ctx, sources):
-    """Micro-batch m's in-place writes to shared variables wait for micro-batch m-1's.
+    """Micro-batch m touches a variable that micro-batches write only after
+    micro-batch m-1's writes of it.
 
     Micro-batches share variables; forward-phase writes such as batch norm's
     moving statistics (``moving_mean -= (moving_mean - mean) * (1 - decay)``)
-    must happen in micro-batch order, like serial runs, or the result depends on
-    thread timing. Every schedule runs a stage's forwards (and backwards) in
-    micro-batch order, so this adds no wait the schedule does not already imply.
-    Ops inside while loops cannot take control inputs and are left alone.
+    must read and write in micro-batch order, like serial runs, or updates are
+    lost and the result depends on thread timing. Every schedule runs a stage's
+    forwards (and backwards) in micro-batch order, so this adds no wait the
+    schedule does not already imply. Ops inside while loops cannot take
+    control inputs and are left alone.
     """
     no_entrance, _ = control_flow_interior(ctx.tf_graph)
+    writers, users = {}, {}
     for source in sources:
-        if source.name in no_entrance or not tf_adapter.writes_variable(source):
+        if source.name in no_entrance:
             continue
+        for variable in _variables_read(source):
+            users.setdefault(variable, []).append(source)
+            if tf_adapter.writes_variable(source):
+                writers.setdefault(variable, []).append(source)
+    for variable, written_by in writers.items():
         for micro_batch in range(1, ctx.num_micro_batch):
-            tf_adapter.add_control_inputs(ctx.instance(source, 0, micro_batch),
-                                          [ctx.instance(source, 0, micro_batch - 1)])
+            before = [ctx.instance(w, 0, micro_batch - 1) for w in written_by]
+            for user in users[variable]:
+                tf_adapter.add_control_inputs(ctx.instance(user, 0, micro_batch), before)
+
+
+def _variables_read(op):
+    """Names of the variables whose ref or handle ``op`` takes as an input."""
+    return [t.op.name for t in op.inputs if is_variable(t.op)]

@@ -15,7 +15,7 @@ invalid and an untaken branch would kill the barrier.
 """
 from epl import tf_adapter
 from epl.ir.phase import Phase
-from epl.ir.traverse import ancestors, control_flow_interior
+from epl.ir.traverse import ancestor_ops, control_flow_interior
 from epl.parallel.passes import LOWER, Pass
 from epl.strategies.schedule import validate
 from epl.tf_adapter import tf
@@ -66,7 +66,7 @@ def _order(ctx, copy, before, after, entrances, exits):
 
 
 def _action_keys(ctx, copy):
-    """op name -> action key for the ops a step of ``copy`` runs."""
+    """{id(op): (op, action key)} for the ops a step of ``copy`` runs."""
     roots = []
     for call in ctx.view.apply_calls:
         for grad, _ in call.grads_and_vars:
@@ -76,20 +76,32 @@ def _action_keys(ctx, copy):
                 roots += [ctx.tensor_instance(tensor, copy, m).op
                           for m in range(ctx.num_micro_batch)]
     keys = {}
-    for name in ancestors(roots):
-        info = ctx.view.info(name)
-        if info is not None and info.copy == copy and info.phase in _KINDS:
-            keys[name] = (info.taskgraph, _KINDS[info.phase], info.micro_batch)
+    for op in ancestor_ops(roots):
+        info = ctx.view.info(op)
+        if info is not None and info.copy == copy and info.phase in _KINDS and not _free(op):
+            keys[id(op)] = (op, (info.taskgraph, _KINDS[info.phase], info.micro_batch))
     return keys
+
+
+def _free(op):
+    """Constants belong to no action: micro-batches share them, and reading one
+    orders nothing (counting their readers as entrances would put a control edge
+    on a quarter of the model's ops)."""
+    return op.type == "Const" and not op.control_inputs
+
+
+def _key_of(keys, op):
+    entry = keys.get(id(op))
+    return None if entry is None else entry[1]
 
 
 def _boundaries(ctx, keys, no_entrance, no_exit):
     """({action: entrance ops}, {action: exit ops}) from crossing tensors."""
     entrances, exits = {}, {}
-    graph = ctx.tf_graph
-    for name, key in keys.items():
-        op = graph.get_operation_by_name(name)
-        if name not in no_entrance and any(keys.get(t.op.name) != key for t in op.inputs):
+    for op, key in keys.values():
+        name = op.name
+        if name not in no_entrance and any(_key_of(keys, t.op) != key and not _free(t.op)
+                                           for t in op.inputs):
             entrances.setdefault(key, []).append(op)
         if name not in no_exit and _leaves_action(ctx, op, key, keys):
             exits.setdefault(key, []).append(op)
@@ -99,7 +111,7 @@ def _boundaries(ctx, keys, no_entrance, no_exit):
 def _leaves_action(ctx, op, key, keys):
     for tensor in op.outputs:
         for consumer in tensor.consumers():
-            other = keys.get(consumer.name)
+            other = _key_of(keys, consumer)
             if other is not None and other != key:
                 return True
             info = ctx.view.info(consumer)
