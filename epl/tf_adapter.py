@@ -11,6 +11,7 @@ from tensorflow.python.eager import context as _context
 from tensorflow.python.framework import ops as _ops
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import control_flow_ops as _control_flow_ops
+from tensorflow.python.ops import gen_math_ops as _gen_math
 from tensorflow.python.ops import gen_resource_variable_ops as _gen_rv
 from tensorflow.python.ops import gen_state_ops as _gen_state
 from tensorflow.python.ops import gradients_util as _gradients_util
@@ -177,6 +178,12 @@ def import_nodes(tf_graph, graph_def, input_map, prefix, return_elements):
                 results = c_api_util.ScopedTFImportGraphDefResults(results)
             tf_graph._add_new_tf_operations(compute_devices=False)
         return gather(return_elements, tf_graph, results.results)
+
+
+def add(a, b):
+    """``a + b`` of two tensors of one dtype, built without the operator's Python
+    conversions (EPL builds one per variable and micro-batch)."""
+    return _gen_math.add_v2(a, b)
 
 
 def with_unknown_rows(tensor):

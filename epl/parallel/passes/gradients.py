@@ -144,7 +144,7 @@ def _local_sum(ctx, item, copy, device):
         # peak memory does not grow with num_micro_batch.
         with tf.device(device), tf.name_scope("EPL_MICRO_BATCH_SUM"):
             for m in range(1, ctx.num_micro_batch):
-                total = total + ctx.tensor_instance(item.grad, copy, m)
+                total = tf_adapter.add(total, ctx.tensor_instance(item.grad, copy, m))
     return Local(total, None, None)
 
 

@@ -96,25 +96,37 @@ def _key_of(keys, op):
 
 
 def _boundaries(ctx, keys, no_entrance, no_exit):
-    """({action: entrance ops}, {action: exit ops}) from crossing tensors."""
-    entrances, exits = {}, {}
+    """({action: entrance ops}, {action: exit ops}) from crossing tensors.
+
+    One walk over the inputs of the step's ops (and of EPL's and the apply
+    phase's ops, which read gradients) finds both sides of every crossing;
+    asking each op for its consumers instead costs a C call per tensor.
+    """
+    entrances, leaving = {}, set()
     for op, key in keys.values():
-        name = op.name
-        if name not in no_entrance and any(_key_of(keys, t.op) != key and not _free(t.op)
-                                           for t in op.inputs):
+        crosses = False
+        for tensor in op.inputs:
+            producer = tensor.op
+            other = _key_of(keys, producer)
+            if other != key:
+                if other is not None:
+                    leaving.add(id(producer))
+                crosses = crosses or not _free(producer)
+        if crosses and op.name not in no_entrance:
             entrances.setdefault(key, []).append(op)
-        if name not in no_exit and _leaves_action(ctx, op, key, keys):
+    for op in _readers_outside_actions(ctx):
+        leaving.update(id(t.op) for t in op.inputs)
+    exits = {}
+    for op, key in keys.values():
+        if id(op) in leaving and op.name not in no_exit:
             exits.setdefault(key, []).append(op)
     return entrances, exits
 
 
-def _leaves_action(ctx, op, key, keys):
-    for tensor in op.outputs:
-        for consumer in tensor.consumers():
-            other = _key_of(keys, consumer)
-            if other is not None and other != key:
-                return True
-            info = ctx.view.info(consumer)
-            if other is None and info is not None and info.phase in (Phase.EPL, Phase.APPLY):
-                return True
-    return False
+def _readers_outside_actions(ctx):
+    """EPL's ops (gradient sums, collectives) and apply ops: what they read leaves
+    its action."""
+    graph = ctx.tf_graph
+    for name, info in list(ctx.view.op_info.items()):
+        if info.phase in (Phase.EPL, Phase.APPLY):
+            yield graph.get_operation_by_name(name)
