@@ -26,6 +26,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional, Tuple
 
+from epl.checks import is_integer
+
 __all__ = ["Config", "ConfigError", "Field", "Kind", "FIELDS", "SECTIONS", "markdown_table"]
 
 
@@ -199,7 +201,7 @@ def _value_error(field, value):
 
 def _is_int(value):
     """True for ints (and numpy ints) but not bools: True is not a count."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return is_integer(value)
 
 
 def _check_int(field, value):

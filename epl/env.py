@@ -6,6 +6,7 @@ worker per thread, each with its own cluster view. Lower layers never read the
 Env: the hooks resolve it once at the TF boundary and pass config and cluster
 down explicitly.
 """
+import contextlib
 import logging
 import threading
 
@@ -126,6 +127,29 @@ def init(config=None, cluster=None):
     library.load()
     LOG.info("EPL initialized: %r", cluster)
     return env
+
+
+@contextlib.contextmanager
+def paused():
+    """Build and run plain TensorFlow while EPL is initialized.
+
+    Inside the block EPL's hooks are removed: new graphs are not recorded, tf
+    sessions are not parallelized (a serial reference in a test, a tool that
+    must see TF unchanged). On exit the hooks come back if they were installed.
+
+    Example::
+
+        with epl.paused(), tf.Graph().as_default():
+            reference = train_serially()
+    """
+    registry = _hooks()
+    was_installed = registry.installed
+    registry.uninstall()
+    try:
+        yield
+    finally:
+        if was_installed:
+            registry.install()
 
 
 def reset():

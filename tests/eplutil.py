@@ -4,7 +4,6 @@ Equivalence tests train the same model K steps serially on global batches and
 under EPL on per-replica batches that partition each global batch, then
 compare weights.
 """
-import contextlib
 import os
 import signal
 import socket
@@ -96,18 +95,9 @@ def variable_values(sess):
     return dict(zip(names, values))
 
 
-@contextlib.contextmanager
 def epl_paused():
     """Build and run a plain TF graph even while EPL's hooks are installed."""
-    from epl.env import _hooks
-    registry = _hooks()
-    was_installed = registry.installed
-    registry.uninstall()
-    try:
-        yield
-    finally:
-        if was_installed:
-            registry.install()
+    return epl.paused()
 
 
 def serial_train(x, y, batch, steps, opt_name="momentum", weights=None, depth=2):

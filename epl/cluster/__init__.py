@@ -16,6 +16,7 @@ Example::
 import json
 import os
 
+from epl.checks import check_count
 from epl.cluster.layout import LayoutError  # noqa: F401  (re-exported)
 
 VIRTUAL_DEVICES_ENV = "EPL_NUM_VIRTUAL_DEVICES"
@@ -96,10 +97,7 @@ class Cluster(object):
                  device_type="CPU", run_visible_devices=""):
         if device_type not in ("CPU", "GPU"):
             raise ClusterError("device_type must be 'CPU' or 'GPU', got %r" % (device_type,))
-        if isinstance(devices_per_worker, bool) or not isinstance(devices_per_worker, int) \
-                or devices_per_worker < 1:
-            raise ClusterError("devices per worker must be an integer >= 1, got %r"
-                               % (devices_per_worker,))
+        check_count(devices_per_worker, "devices per worker", ClusterError)
         self._distributed = worker_hosts is not None
         self._hosts = list(worker_hosts) if self._distributed else ["localhost"]
         if not 0 <= worker_index < len(self._hosts):

@@ -12,6 +12,7 @@ Example: two pipeline stages of one device each on one worker with 4 devices::
 Replica 0 runs stage 0 on device 0 and stage 1 on device 1; replica 1 uses
 devices 2 and 3.
 """
+from epl.checks import check_count
 
 
 class LayoutError(ValueError):
@@ -94,10 +95,7 @@ def _check_fits(total, per_replica, counts, worker_num, devices_per_worker, colo
 
 
 def _device_count(count, index, names):
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise LayoutError("%s has device_count=%r; it must be an integer >= 1"
-                          % (_tg_name(index, names), count))
-    return count
+    return check_count(count, "%s's device_count" % _tg_name(index, names), LayoutError)
 
 
 def _tg_name(index, names):
@@ -107,8 +105,7 @@ def _tg_name(index, names):
 
 
 def _check_positive(what, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise LayoutError("%s must be an integer >= 1, got %r" % (what, value))
+    check_count(value, what, LayoutError)
 
 
 def local_replicas(layout, taskgraph, worker):

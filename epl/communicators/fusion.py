@@ -8,6 +8,7 @@ gradients are still being computed. ``pack``/``unpack`` use EPL's C++ ops
 built, and the equivalent ``tf.concat``/``tf.split`` otherwise; both give
 identical results.
 """
+from epl.checks import check_count
 from epl.communicators import library
 from epl.tf_adapter import tf
 
@@ -19,8 +20,7 @@ def plan_buckets(sizes, dtypes, max_splits):
     unless the list has more dtype runs than that (a bucket never mixes
     dtypes). Empty input gives no buckets.
     """
-    if max_splits < 1:
-        raise ValueError("max_splits must be >= 1, got %r" % (max_splits,))
+    check_count(max_splits, "max_splits")
     if len(sizes) != len(dtypes):
         raise ValueError("sizes and dtypes differ in length")
     if not sizes:

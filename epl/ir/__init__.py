@@ -1,37 +1,33 @@
-"""EPL's intermediate representation: TaskGraphs, phases and the op side table."""
-from epl.ir.collections import GraphKeys
-from epl.ir.graph import Graph
-from epl.ir.phase import Phase
-from epl.ir.taskgraph import OpInfo, TaskGraph
+"""EPL's intermediate representation: TaskGraphs, phases and the op side table.
 
-__all__ = ["Graph", "GraphKeys", "Phase", "OpInfo", "TaskGraph",
-           "add_to_collection", "get_collection", "get_all_collections"]
+Names are loaded lazily: the kinds and phases (``epl.ir.taskgraph``,
+``epl.ir.phase``) are plain Python that the planner and the strategy scopes
+use without importing TensorFlow; the graph view needs TensorFlow.
+"""
+import importlib
 
+_EXPORTS = {
+    "Graph": "epl.ir.graph",
+    "GraphKeys": "epl.ir.collections",
+    "Phase": "epl.ir.phase",
+    "OpInfo": "epl.ir.taskgraph",
+    "TaskGraph": "epl.ir.taskgraph",
+    "add_to_collection": "epl.ir.outputs",
+    "get_collection": "epl.ir.outputs",
+    "get_all_collections": "epl.ir.outputs",
+}
 
-def add_to_collection(objs, key):
-    """Ask EPL to merge ``objs`` (a tensor or list of tensors) as ``key`` says.
-
-    Seed API: ``epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)``;
-    fetching ``loss`` then returns its mean over micro-batches and replicas.
-    """
-    if key not in GraphKeys.ALL:
-        raise ValueError("epl.add_to_collection: unknown key %r; use one of epl.GraphKeys: %s"
-                         % (key, ", ".join(GraphKeys.ALL)))
-    objs = list(objs) if isinstance(objs, (list, tuple)) else [objs]
-    for obj in objs:
-        if not hasattr(obj, "graph") or not hasattr(obj, "dtype"):
-            raise TypeError("epl.add_to_collection(%r, %s): only tensors can be merged"
-                            % (obj, key))
-        collection = Graph.get(obj.graph).collections[key]
-        if obj not in collection:
-            collection.append(obj)
+__all__ = sorted(_EXPORTS)
 
 
-def get_collection(key, graph=None):
-    """Tensors added under ``key`` (in the default graph unless given)."""
-    return list(Graph.get(graph).collections.get(key, []))
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError("module 'epl.ir' has no attribute %r" % name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
-def get_all_collections(graph=None):
-    """``{key: [tensors]}`` for every non-empty EPL collection."""
-    return dict((k, list(v)) for k, v in Graph.get(graph).collections.items() if v)
+def __dir__():
+    return __all__

@@ -25,8 +25,7 @@ import weakref
 from epl import tf_adapter
 from epl.ir.collections import GraphKeys
 from epl.ir.phase import Phase
-from epl.ir.taskgraph import OpInfo, TaskGraph, implicit_strategy
-from epl.strategies.base import REPLICATE
+from epl.ir.taskgraph import REPLICATE, OpInfo, TaskGraph, implicit_strategy
 
 _REGISTRY = weakref.WeakKeyDictionary()
 

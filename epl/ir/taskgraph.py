@@ -1,5 +1,20 @@
 """TaskGraph: the ops of one strategy-scope entry, the unit EPL places and clones."""
-from epl.strategies.base import REPLICATE, Replicate
+import collections
+
+# The two kinds of strategy; epl.strategies builds its scope classes on them.
+REPLICATE = "replicate"
+SPLIT = "split"
+
+
+class ImplicitStrategy(collections.namedtuple("ImplicitStrategy", ["kind", "device_count",
+                                                                   "name"])):
+    """The strategy of the TaskGraph EPL creates when the user annotated nothing:
+    ``replicate(device_count=1)`` as data (the IR does not import scope classes)."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "replicate(device_count=1)"
 
 
 class OpInfo(object):
@@ -31,7 +46,7 @@ class TaskGraph(object):
 
     Example::
 
-        >>> tg = TaskGraph(0, Replicate(name="stage_0"))
+        >>> tg = TaskGraph(0, epl.replicate(name="stage_0"))
         >>> tg.name, tg.kind, tg.device_count
         ('stage_0', 'replicate', 1)
     """
@@ -67,4 +82,4 @@ class TaskGraph(object):
 
 def implicit_strategy():
     """Strategy of the TaskGraph EPL creates when the user annotated nothing."""
-    return Replicate(device_count=1)
+    return ImplicitStrategy(REPLICATE, 1, None)

@@ -26,8 +26,7 @@ Example::
 """
 import collections
 
-REPLICATE = "replicate"
-SPLIT = "split"
+from epl.ir.taskgraph import REPLICATE, SPLIT  # noqa: F401  (the kinds, re-exported)
 
 DP, SPLIT_GROUP, SYNC, HOSTS, ALL = "dp", "split", "sync", "hosts", "all"
 

@@ -25,7 +25,7 @@ from epl.parallel.passes.replicas import ReplicaClone
 from epl.parallel.passes.steps import SharedStepDependencies
 from epl.parallel.passes.sync import VariableSync
 from epl.parallel.plan import make_plan, specs_from_graph
-from epl.strategies.base import SPLIT
+from epl.ir.taskgraph import SPLIT
 
 LOG = logging.getLogger("epl")
 
@@ -102,7 +102,7 @@ def _check_supported(plan, cluster):
             % (len(plan.taskgraphs), [tg.device_count for tg in plan.taskgraphs]))
     if not plan.copies_of(cluster.worker_index):
         raise ValueError("worker %d builds no model replica; it should only serve its "
-                         "devices (see epl.parallel.serving)" % cluster.worker_index)
+                         "devices (see epl.session.serving)" % cluster.worker_index)
 
 
 if __name__ == "__main__":

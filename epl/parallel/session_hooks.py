@@ -17,25 +17,17 @@ Each wrapper gets ``provider``, a function returning the current
 import functools
 import inspect
 import logging
-import threading
-import weakref
 
 from epl import tf_adapter
-from epl.cluster.reachability import wait_until_reachable
 from epl.cluster.session_config import session_config
-from epl.communicators.watchdog import WATCHDOG
 from epl.ir.graph import Graph
-from epl.parallel import rewriter, serving
+from epl.parallel import rewriter
 from epl.parallel.hooks import Patch
+from epl.session import roles, serving
+from epl.session.runner import ensure_synced, guarded, mark_unsynced
 
 LOG = logging.getLogger("epl")
-_SYNCED = weakref.WeakKeyDictionary()   # session -> bool (variables broadcast)
-_SYNC_LOCKS = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
 _UNWRAPPED_RUN = []                      # BaseSession.run as TF defines it
-_PREFLIGHT_DONE = weakref.WeakKeyDictionary()  # program -> True once peers answered
-_CHIEF_ONLY_ARGS = ("save_checkpoint_secs", "save_checkpoint_steps", "save_summaries_steps",
-                    "save_summaries_secs", "chief_only_hooks")
 
 
 def _view(graph):
@@ -83,54 +75,8 @@ def _wrap_session_init(original, provider):
     return __init__
 
 
-def _preflight(program):
-    """Fail fast, naming them, when collective peers never come up."""
-    if not program.peer_hosts or _PREFLIGHT_DONE.get(program):
-        return
-    missing = wait_until_reachable(program.peer_hosts, program.timeout)
-    if missing:
-        raise RuntimeError(
-            "EPL: %s cannot start its collectives: worker(s) at %s did not come up within "
-            "communication.timeout=%s s. Start every worker of TF_CONFIG (epl-launch does) or "
-            "raise EPL_COMMUNICATION_TIMEOUT." % (program.worker_label, ", ".join(missing),
-                                                  program.timeout))
-    _PREFLIGHT_DONE[program] = True
-
-
-def guarded(program, ops, run_fn):
-    """Run ``run_fn()`` under the collective watchdog if ``ops`` reach collectives."""
-    groups = program.groups_reached(ops)
-    if not groups:
-        return run_fn()
-    _preflight(program)
-    # A little later than the ring's own timeout, so that its clean error wins.
-    deadline = program.timeout * 1.1 + 5
-    with WATCHDOG.guard(deadline, lambda elapsed: program.timeout_message(groups, elapsed)):
-        return run_fn()
-
-
 def _ops_of(elements):
     return [getattr(e, "op", e) for e in elements]
-
-
-def ensure_synced(session, program, run):
-    """Broadcast replica 0's variables once they are initialized (once per session)."""
-    if not program.needs_sync or _SYNCED.get(session):
-        return
-    with _LOCK:
-        lock = _SYNC_LOCKS.setdefault(session, threading.Lock())
-    with lock:  # per session: workers in one process sync concurrently
-        if _SYNCED.get(session):
-            return
-        if program.init_check is not None and not run(session, program.init_check):
-            return
-        guarded(program, [program.sync_op], lambda: run(session, program.sync_op))
-        _SYNCED[session] = True
-        LOG.info("EPL synchronized replica variables with worker 0's replica 0")
-
-
-def mark_unsynced(session):
-    _SYNCED[session] = False
 
 
 def _expand(graph, program, fetches):
@@ -193,7 +139,7 @@ def _wrap_graph_finalize(original, provider):
 def _wrap_saver_save(original, provider):
     @functools.wraps(original)
     def save(self, sess, save_path, *args, **kwargs):
-        if provider().cluster.worker_index != 0:
+        if not roles.writes_checkpoints(provider().cluster):
             LOG.debug("EPL: only worker 0 writes checkpoints; skipping save to %s", save_path)
             return None
         return original(self, sess, save_path, *args, **kwargs)
@@ -229,11 +175,7 @@ def _wrap_monitored_training_session(original, provider):
     @functools.wraps(original)
     def MonitoredTrainingSession(*args, **kwargs):  # noqa: N802 (TF's name)
         bound = signature.bind(*args, **kwargs)
-        bound.arguments["is_chief"] = True  # each worker initializes its own variables
-        if provider().cluster.worker_index != 0:
-            for name in _CHIEF_ONLY_ARGS:
-                bound.arguments[name] = None
-            bound.arguments["log_step_count_steps"] = 0
+        roles.monitored_session_arguments(provider().cluster, bound.arguments)
         return original(*bound.args, **bound.kwargs)
     return MonitoredTrainingSession
 

@@ -9,11 +9,10 @@ Example::
     with epl.replicate(device_count=1, name="stage_0"):
         model_part1()
 """
+from epl.checks import is_count
+from epl.ir.taskgraph import REPLICATE, SPLIT
 from epl.strategies import context as _context
 from epl.strategies.context import StrategyError
-
-REPLICATE = "replicate"
-SPLIT = "split"
 
 
 class Strategy(object):
@@ -22,9 +21,7 @@ class Strategy(object):
     kind = None
 
     def __init__(self, device_count=None, name=None):
-        if device_count is not None and (isinstance(device_count, bool)
-                                         or not isinstance(device_count, int)
-                                         or device_count < 1):
+        if device_count is not None and not is_count(device_count):
             raise StrategyError("%s(device_count=%r): device_count must be an integer >= 1 "
                                 "or None" % (self.kind, device_count))
         if name is not None and not isinstance(name, str):

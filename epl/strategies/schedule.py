@@ -20,11 +20,12 @@ Example::
 
 Command line: ``python -m epl.strategies.schedule --stages 4 --micro-batches 8``.
 """
-import argparse
 import collections
 import fractions
 import re
 import sys
+
+from epl.checks import check_count, is_count
 
 FORWARD = "F"
 BACKWARD = "B"
@@ -42,14 +43,12 @@ class ScheduleError(ValueError):
 
 def _is_index(value):
     # bool is an int subclass, but True as a stage number is always a bug.
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return is_count(value, minimum=0)
 
 
 def _check_count(label, value):
     """Reject counts early so errors name the argument, not a later symptom."""
-    if not _is_index(value) or value < 1:
-        raise ScheduleError("%s must be an integer >= 1, got %r" % (label, value))
-    return value
+    return check_count(value, label, ScheduleError)
 
 
 class Action(collections.namedtuple("Action", "stage kind micro_batch")):
@@ -486,80 +485,18 @@ def _fail(schedule, mark, message):
                         "[like this])" % (schedule.name, message, to_grid(schedule, mark)))
 
 
-# --------------------------------------------------------------------------- picture
-
-_COLOURS = {FORWARD: "#8ecae6", BACKWARD: "#f4a261"}
-
+# --------------------------------------------------------------------------- picture, CLI
 
 def save_png(schedule, path):
-    """Draw the simulated grid to a PNG (forwards and backwards in two colours, stages as
-    rows, time as columns) and return ``path``. matplotlib is imported here, and only its
-    Agg canvas is used, so importing this module and the global pyplot backend are
-    unaffected."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-        from matplotlib.patches import Patch, Rectangle
-    except ImportError as exc:
-        raise ScheduleError("save_png needs matplotlib (pip install 'pyepl[plot]'): %s" % exc)
-    timeline = simulate(schedule)
-    num_slots, num_stages = max(timeline.makespan, 1), schedule.num_stages
-    figure = Figure(figsize=(max(5.0, 0.45 * num_slots + 1.8), 0.55 * num_stages + 1.6))
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot(1, 1, 1)
-    for t, slot in enumerate(timeline.slots):
-        for s, action in enumerate(slot):
-            if action is not None:
-                axes.add_patch(Rectangle((t, s), 1, 1, facecolor=_COLOURS[action.kind],
-                                         edgecolor="white", linewidth=1.5))
-                axes.text(t + 0.5, s + 0.5, "%s%d" % (action.kind, action.micro_batch),
-                          ha="center", va="center", fontsize=8)
-    axes.set_xlim(0, num_slots)
-    axes.set_ylim(num_stages, 0)
-    step = max(1, num_slots // 30)
-    axes.set_xticks([t + 0.5 for t in range(0, num_slots, step)])
-    axes.set_xticklabels([str(t) for t in range(0, num_slots, step)])
-    axes.set_yticks([s + 0.5 for s in range(num_stages)])
-    axes.set_yticklabels(["stage %d" % s for s in range(num_stages)])
-    axes.set_xlabel("time slot")
-    axes.legend(handles=[Patch(facecolor=_COLOURS[FORWARD], label="forward F(m)"),
-                         Patch(facecolor=_COLOURS[BACKWARD], label="backward B(m)")],
-                loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    status = ", STALLED" if not timeline.complete else (
-        ", bubble %.1f%%" % (100.0 * bubble_fraction(schedule)) if timeline.slots else "")
-    axes.set_title("%s: S=%d stages, M=%d micro-batches (%d slots%s)" % (
-        schedule.name, num_stages, schedule.num_micro_batch, timeline.makespan, status))
-    figure.tight_layout()
-    figure.savefig(path, format="png", dpi=100)
-    return path
+    """Draw the simulated grid to a PNG; see :mod:`epl.strategies.schedule_picture`."""
+    from epl.strategies import schedule_picture
+    return schedule_picture.save_png(schedule, path)
 
-
-# --------------------------------------------------------------------------- command line
 
 def main(argv=None):
-    """``python -m epl.strategies.schedule``: print (and optionally draw) a schedule."""
-    parser = argparse.ArgumentParser(
-        prog="python -m epl.strategies.schedule",
-        description="Print the simulated time-slot grid of an EPL pipeline schedule.")
-    parser.add_argument("--stages", type=int, required=True, help="number of stages S")
-    parser.add_argument("--micro-batches", type=int, required=True,
-                        help="number of micro-batches M per step")
-    parser.add_argument("--strategy", default=PREFER_BACKWARD,
-                        help="PreferBackward (1F1B, default) or PreferForward (GPipe-like)")
-    parser.add_argument("--png", help="also save the grid as a PNG picture to this path")
-    parser.add_argument("--compact", action="store_true",
-                        help="print the per-stage order (golden-file form) instead of the grid")
-    args = parser.parse_args(argv)
-    try:
-        schedule = get_schedule(args.strategy, args.stages, args.micro_batches)
-        validate(schedule)
-        print(schedule.compact() if args.compact else to_grid(schedule))
-        if args.png:
-            print("saved %s" % save_png(schedule, args.png))
-    except ScheduleError as exc:
-        print("error: %s" % exc, file=sys.stderr)
-        return 2
-    return 0
+    """``python -m epl.strategies.schedule``; see :mod:`epl.strategies.schedule_picture`."""
+    from epl.strategies import schedule_picture
+    return schedule_picture.main(argv)
 
 
 if __name__ == "__main__":

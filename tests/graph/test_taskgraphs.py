@@ -182,3 +182,13 @@ def test_add_to_collection():
     assert epl.get_collection(epl.GraphKeys.GLOBAL_MEAN_OBJECTS) == [loss]
     with pytest.raises(ValueError, match="unknown key"):
         epl.add_to_collection(loss, "mean")
+
+
+def test_paused_builds_plain_tensorflow_and_restores_the_hooks():
+    epl.init()
+    with epl.paused(), tf.Graph().as_default() as graph:
+        tf.constant(1.0, name="plain")
+        assert epl.Graph.get(graph, create=False) is None
+    assert _hooks().installed
+    tf.constant(2.0, name="recorded")
+    assert epl.Graph.get().info("recorded") is not None

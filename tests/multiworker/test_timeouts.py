@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from epl.communicators.watchdog import TIMEOUT_EXIT_CODE, Watchdog
+from epl.session.watchdog import TIMEOUT_EXIT_CODE, Watchdog
 from eplutil import free_ports, run_launcher
 
 HERE = os.path.dirname(os.path.abspath(__file__))

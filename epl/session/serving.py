@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from epl.cluster.reachability import reachable, wait_until_reachable
+from epl.session.reachability import reachable, wait_until_reachable
 
 LOG = logging.getLogger("epl")
 

@@ -1,0 +1,32 @@
+"""``epl.add_to_collection`` and friends: tensors whose fetched value EPL merges."""
+from epl.ir.collections import GraphKeys
+from epl.ir.graph import Graph
+
+
+def add_to_collection(objs, key):
+    """Ask EPL to merge ``objs`` (a tensor or list of tensors) as ``key`` says.
+
+    Seed API: ``epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)``;
+    fetching ``loss`` then returns its mean over micro-batches and replicas.
+    """
+    if key not in GraphKeys.ALL:
+        raise ValueError("epl.add_to_collection: unknown key %r; use one of epl.GraphKeys: %s"
+                         % (key, ", ".join(GraphKeys.ALL)))
+    objs = list(objs) if isinstance(objs, (list, tuple)) else [objs]
+    for obj in objs:
+        if not hasattr(obj, "graph") or not hasattr(obj, "dtype"):
+            raise TypeError("epl.add_to_collection(%r, %s): only tensors can be merged"
+                            % (obj, key))
+        collection = Graph.get(obj.graph).collections[key]
+        if obj not in collection:
+            collection.append(obj)
+
+
+def get_collection(key, graph=None):
+    """Tensors added under ``key`` (in the default graph unless given)."""
+    return list(Graph.get(graph).collections.get(key, []))
+
+
+def get_all_collections(graph=None):
+    """``{key: [tensors]}`` for every non-empty EPL collection."""
+    return dict((k, list(v)) for k, v in Graph.get(graph).collections.items() if v)

@@ -1,0 +1,66 @@
+"""Running a parallelized graph: the first-run broadcast and guarded runs.
+
+* ``ensure_synced``: once per session, after the user's variables are
+  initialized or restored, replica 0's values are broadcast to every copy;
+* ``guarded``: a run that reaches collectives first checks that the peers'
+  servers are up (a missing worker is named, not waited for forever) and runs
+  under the watchdog.
+"""
+import logging
+import threading
+import weakref
+
+from epl.session.reachability import wait_until_reachable
+from epl.session.watchdog import WATCHDOG
+
+LOG = logging.getLogger("epl")
+_SYNCED = weakref.WeakKeyDictionary()   # session -> bool (variables broadcast)
+_SYNC_LOCKS = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+_PREFLIGHT_DONE = weakref.WeakKeyDictionary()  # program -> True once peers answered
+
+
+def preflight(program):
+    """Fail fast, naming them, when collective peers never come up."""
+    if not program.peer_hosts or _PREFLIGHT_DONE.get(program):
+        return
+    missing = wait_until_reachable(program.peer_hosts, program.timeout)
+    if missing:
+        raise RuntimeError(
+            "EPL: %s cannot start its collectives: worker(s) at %s did not come up within "
+            "communication.timeout=%s s. Start every worker of TF_CONFIG (epl-launch does) or "
+            "raise EPL_COMMUNICATION_TIMEOUT." % (program.worker_label, ", ".join(missing),
+                                                  program.timeout))
+    _PREFLIGHT_DONE[program] = True
+
+
+def guarded(program, ops, run_fn):
+    """Run ``run_fn()`` under the collective watchdog if ``ops`` reach collectives."""
+    groups = program.groups_reached(ops)
+    if not groups:
+        return run_fn()
+    preflight(program)
+    # A little later than the ring's own timeout, so that its clean error wins.
+    deadline = program.timeout * 1.1 + 5
+    with WATCHDOG.guard(deadline, lambda elapsed: program.timeout_message(groups, elapsed)):
+        return run_fn()
+
+
+def ensure_synced(session, program, run):
+    """Broadcast replica 0's variables once they are initialized (once per session)."""
+    if not program.needs_sync or _SYNCED.get(session):
+        return
+    with _LOCK:
+        lock = _SYNC_LOCKS.setdefault(session, threading.Lock())
+    with lock:  # per session: workers in one process sync concurrently
+        if _SYNCED.get(session):
+            return
+        if program.init_check is not None and not run(session, program.init_check):
+            return
+        guarded(program, [program.sync_op], lambda: run(session, program.sync_op))
+        _SYNCED[session] = True
+        LOG.info("EPL synchronized replica variables with worker 0's replica 0")
+
+
+def mark_unsynced(session):
+    _SYNCED[session] = False

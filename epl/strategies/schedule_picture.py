@@ -1,0 +1,84 @@
+"""Pictures and the command line of pipeline schedules (see :mod:`epl.strategies.schedule`).
+
+Kept apart from the schedule data so that the core module stays small and
+imports nothing heavy; matplotlib is imported only when a PNG is drawn.
+"""
+import argparse
+import sys
+
+from epl.strategies.schedule import (BACKWARD, FORWARD, PREFER_BACKWARD, ScheduleError,
+                                     bubble_fraction, get_schedule, simulate, to_grid,
+                                     validate)
+
+_COLOURS = {FORWARD: "#8ecae6", BACKWARD: "#f4a261"}
+
+
+def save_png(schedule, path):
+    """Draw the simulated grid to a PNG (forwards and backwards in two colours, stages as
+    rows, time as columns) and return ``path``. matplotlib is imported here, and only its
+    Agg canvas is used, so importing this module and the global pyplot backend are
+    unaffected."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch, Rectangle
+    except ImportError as exc:
+        raise ScheduleError("save_png needs matplotlib (pip install 'pyepl[plot]'): %s" % exc)
+    timeline = simulate(schedule)
+    num_slots, num_stages = max(timeline.makespan, 1), schedule.num_stages
+    figure = Figure(figsize=(max(5.0, 0.45 * num_slots + 1.8), 0.55 * num_stages + 1.6))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    for t, slot in enumerate(timeline.slots):
+        for s, action in enumerate(slot):
+            if action is not None:
+                axes.add_patch(Rectangle((t, s), 1, 1, facecolor=_COLOURS[action.kind],
+                                         edgecolor="white", linewidth=1.5))
+                axes.text(t + 0.5, s + 0.5, "%s%d" % (action.kind, action.micro_batch),
+                          ha="center", va="center", fontsize=8)
+    axes.set_xlim(0, num_slots)
+    axes.set_ylim(num_stages, 0)
+    step = max(1, num_slots // 30)
+    axes.set_xticks([t + 0.5 for t in range(0, num_slots, step)])
+    axes.set_xticklabels([str(t) for t in range(0, num_slots, step)])
+    axes.set_yticks([s + 0.5 for s in range(num_stages)])
+    axes.set_yticklabels(["stage %d" % s for s in range(num_stages)])
+    axes.set_xlabel("time slot")
+    axes.legend(handles=[Patch(facecolor=_COLOURS[FORWARD], label="forward F(m)"),
+                         Patch(facecolor=_COLOURS[BACKWARD], label="backward B(m)")],
+                loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    status = ", STALLED" if not timeline.complete else (
+        ", bubble %.1f%%" % (100.0 * bubble_fraction(schedule)) if timeline.slots else "")
+    axes.set_title("%s: S=%d stages, M=%d micro-batches (%d slots%s)" % (
+        schedule.name, num_stages, schedule.num_micro_batch, timeline.makespan, status))
+    figure.tight_layout()
+    figure.savefig(path, format="png", dpi=100)
+    return path
+
+
+# --------------------------------------------------------------------------- command line
+
+def main(argv=None):
+    """``python -m epl.strategies.schedule``: print (and optionally draw) a schedule."""
+    parser = argparse.ArgumentParser(
+        prog="python -m epl.strategies.schedule",
+        description="Print the simulated time-slot grid of an EPL pipeline schedule.")
+    parser.add_argument("--stages", type=int, required=True, help="number of stages S")
+    parser.add_argument("--micro-batches", type=int, required=True,
+                        help="number of micro-batches M per step")
+    parser.add_argument("--strategy", default=PREFER_BACKWARD,
+                        help="PreferBackward (1F1B, default) or PreferForward (GPipe-like)")
+    parser.add_argument("--png", help="also save the grid as a PNG picture to this path")
+    parser.add_argument("--compact", action="store_true",
+                        help="print the per-stage order (golden-file form) instead of the grid")
+    args = parser.parse_args(argv)
+    try:
+        schedule = get_schedule(args.strategy, args.stages, args.micro_batches)
+        validate(schedule)
+        print(schedule.compact() if args.compact else to_grid(schedule))
+        if args.png:
+            print("saved %s" % save_png(schedule, args.png))
+    except ScheduleError as exc:
+        print("error: %s" % exc, file=sys.stderr)
+        return 2
+    return 0
