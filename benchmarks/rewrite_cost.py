@@ -20,6 +20,7 @@ devices), build time within 10% of plain TF.
 Writes benchmarks/results/rewrite_cost.{json,md}.
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -108,31 +109,56 @@ def main(argv=None):
     parser.add_argument("--sizes", default="base,small")
     parser.add_argument("--quick", action="store_true", help="small model only")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite the Markdown from the JSON already in --out")
     args = parser.parse_args(argv)
     if args.child:
         return child(args)
+    if args.report_only:
+        with open(os.path.join(args.out, "rewrite_cost.json")) as handle:
+            payload = json.load(handle)
+        return _write(args.out, payload)
     sizes = ["small"] if args.quick else args.sizes.split(",")
-    rows, records = [], []
+    records = []
     for size, stages, micro, replicas in CONFIGS:
         if size not in sizes:
             continue
         plain = run_config(size, stages, micro, replicas, "plain")
         epl_run = run_config(size, stages, micro, replicas, "epl")
-        record = dict(size=size, stages=stages, micro_batches=micro, replicas=replicas,
-                      plain=plain, epl=epl_run)
-        records.append(record)
-        rows.append([size, stages, micro, replicas,
-                     "%.1f / %.1f" % (plain["build"], epl_run["build"]),
-                     "%.2f" % epl_run["rewrite"],
-                     "%.1f / %.1f (%.2fx)" % (plain["first_step"], epl_run["first_step"],
-                                              epl_run["first_step"] / plain["first_step"]),
-                     "%d -> %d" % (epl_run["ops_before"], epl_run["ops_after"])])
-        print(rows[-1], flush=True)
-    markdown = common.markdown_table(
-        ["model", "stages", "micro-batches", "replicas", "build s (TF / EPL)", "rewrite s",
-         "first step s (TF / EPL)", "EPL ops before -> after"], rows)
-    payload = dict(records=records, environment=common.environment_info(sys.argv))
-    common.write_results(args.out, "rewrite_cost", payload, markdown)
+        records.append(dict(size=size, stages=stages, micro_batches=micro, replicas=replicas,
+                            plain=plain, epl=epl_run))
+        print(_row(records[-1]), flush=True)
+    return _write(args.out, dict(records=records,
+                                 environment=common.environment_info(sys.argv)))
+
+
+def _row(record):
+    plain, epl_run = record["plain"], record["epl"]
+    return [record["size"], record["stages"], record["micro_batches"], record["replicas"],
+            "%.1f / %.1f" % (plain["build"], epl_run["build"]), "%.2f" % epl_run["rewrite"],
+            "%.1f / %.1f (%.2fx)" % (plain["first_step"], epl_run["first_step"],
+                                     epl_run["first_step"] / plain["first_step"]),
+            "%d -> %d" % (epl_run["ops_before"], epl_run["ops_after"])]
+
+
+def _write(out, payload):
+    info = payload["environment"]
+    markdown = "\n".join([
+        "# What EPL's graph rewrite costs (BERT-shaped encoder, 1 worker, virtual CPU devices)",
+        "", "- Command: `%s`" % info["command"],
+        "- Date: %s; EPL git %s" % (info["date"], info["git_revision"]),
+        "- %s, %s CPUs; load average at start %s" % (info["cpu_model"], info["cpu_count"],
+                                                     info["loadavg_start"]),
+        "- base = 12 layers, hidden 768, seq 64; small = 4 layers, hidden 128, seq 32; "
+        "micro-batch %d, Adam; plain TF runs the same work per step on one device" % MICRO_BATCH,
+        "- first step = from the start of MonitoredTrainingSession creation to the end of the "
+        "first run (for EPL it includes the rewrite, the variable broadcast and TF's graph "
+        "optimization of the larger graph)", "",
+        common.markdown_table(
+            ["model", "stages", "micro-batches", "replicas", "build s (TF / EPL)", "rewrite s",
+             "first step s (TF / EPL)", "EPL ops before -> after"],
+            [_row(r) for r in payload["records"]])])
+    common.write_results(out, "rewrite_cost", payload, markdown)
     print(markdown)
     return 0
 
