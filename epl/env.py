@@ -11,6 +11,7 @@ import logging
 import threading
 
 from epl import tf_adapter
+from epl.availability import check_available
 from epl.cluster import Cluster
 from epl.config import Config
 from epl.ir.graph import Graph
@@ -112,6 +113,7 @@ def init(config=None, cluster=None):
     elif not isinstance(config, Config):
         raise TypeError("epl.init(config=...) expects an epl.Config or a dict, got %s"
                         % type(config).__name__)
+    check_available(config)
     if cluster is None:
         cluster = Cluster.from_environment(config)
     reset_context()

@@ -148,7 +148,7 @@ BAD_VALUES = {
     "pipeline.strategy": ("1F1B", "'PreferBackward', 'PreferForward'"),
     "gradient_checkpoint.type": ("checkpoints", "'', 'collection', 'auto'"),
     "gradient_checkpoint.end_taskgraph": (-2, ">= -1"),
-    "zero.level": ("v2", "'', 'v1'"),
+    "zero.level": ("v2", "'', 'v0', 'v1'"),
     "offload.level": ("v1", "'', 'v0'"),
     "amp.level": ("O2", "'', 'O1'"),
     "amp.loss_scale": ("static", "'dynamic' or a number > 0"),
