@@ -42,6 +42,8 @@ class Graph(object):
         self.apply_calls = []           # ApplyCall per optimizer.apply_gradients call
         self.collections = dict((key, []) for key in GraphKeys.ALL)
         self.specialized = {}           # op name -> builder(copy, micro_batch, inputs) -> op
+        self.sharded_variables = {}     # variable op name -> ShardInfo (epl.ops)
+        self.layer_collectives = []     # collectives split layers asked for (epl.ops)
         self.parallel = None            # the rewrite's result, once it has run
         self.rewrite_error = None       # why the rewrite failed, if it did
         self._segment_taskgraph = {}
