@@ -21,8 +21,11 @@ _EXPORTS = {
     "init": "epl.env",
     "reset": "epl.env",
     "paused": "epl.env",
-    "Cluster": "epl.cluster",
-    "Graph": "epl.ir",
+    # Cluster and Graph come through epl.env, which wires their Env-dependent
+    # parts (cluster scopes, introspection) when it loads.
+    "Cluster": "epl.env",
+    "ClusterError": "epl.cluster",
+    "Graph": "epl.env",
     "GraphKeys": "epl.ir",
     "add_to_collection": "epl.ir.outputs",
     "get_collection": "epl.ir.outputs",
@@ -30,6 +33,7 @@ _EXPORTS = {
     "replicate": "epl.strategies",
     "split": "epl.strategies",
     "set_default_strategy": "epl.strategies",
+    "StrategyError": "epl.strategies",
 }
 
 __all__ = sorted(_EXPORTS) + ["VERSION"]

@@ -20,9 +20,6 @@ NOT_BUILT = {
     "amp.debug_log": "automatic mixed precision",
     "amp.loss_scale": "automatic mixed precision",
     "optimizer.num_apply_group": "grouped apply",
-    "io.slicing": "IO slicing",
-    "io.unbalanced_io_slicing": "IO slicing",
-    "io.drop_last_files": "IO slicing",
     "auto.auto_parallel": "auto parallel",
     "pipeline.num_stages": "auto parallel (pipeline.num_stages is only read by it)",
 }

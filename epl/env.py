@@ -1,58 +1,139 @@
 """The process-level context behind ``epl.Env.get()``: config, cluster, server.
 
-One Env per thread that called ``epl.init`` (other threads see the Env of the
-most recent ``epl.init``), so an in-process multi-worker test can run one
-worker per thread, each with its own cluster view. Lower layers never read the
-Env: the hooks resolve it once at the TF boundary and pass config and cluster
-down explicitly.
+There is one Env object per process, and ``epl.init`` resets it in place, so a
+reference taken with ``epl.Env.get()`` before ``epl.init`` sees the new config.
+A thread other than the main thread that calls ``epl.init`` while the process
+Env is in use gets an Env of its own (in-process multi-worker tests run one
+worker per thread, each with its own cluster view); threads that never called
+``epl.init`` see the process Env. Lower layers never read the Env: the hooks
+resolve it once at the TF boundary and pass config and cluster down explicitly.
 """
 import contextlib
 import logging
 import threading
 
 from epl import tf_adapter
+from epl import cluster as _cluster_module
 from epl.availability import check_available
 from epl.cluster import Cluster
 from epl.config import Config
 from epl.ir.graph import Graph
-from epl.strategies.context import reset_context
+from epl.strategies.context import get_context, reset_context
 
 LOG = logging.getLogger("epl")
 
 
 class Env(object):
-    """Configuration, cluster and TF server of one EPL job (seed API)."""
+    """Configuration, cluster and TF server of one EPL job (seed API).
+
+    Example::
+
+        env = epl.Env.get()
+        env.cluster.worker_index, env.config.pipeline.num_micro_batch
+    """
 
     _local = threading.local()
-    _latest = None
+    _process = None
+    _process_claimed = False
     _lock = threading.Lock()
 
-    def __init__(self, config, cluster):
-        self.config = config
-        self.cluster = cluster
+    def __init__(self, config=None, cluster=None):
+        self._config = config
+        self._cluster = cluster
         self.server = None
+        self.initialized = False
+        self._cluster_scopes = []   # (entered cluster, previous cluster, previous server)
 
+    # ---- lookup --------------------------------------------------------------
     @classmethod
     def get(cls):
-        """The current Env; a default one (no epl.init yet) is created on demand."""
-        env = getattr(cls._local, "env", None) or cls._latest
-        if env is None:
-            with cls._lock:
-                if cls._latest is None:
-                    config = Config()
-                    cls._latest = Env(config, Cluster.from_environment(config))
-                env = cls._latest
+        """The current Env: this thread's, else the process Env (created on demand)."""
+        env = getattr(cls._local, "env", None)
+        if env is not None:
+            return env
+        with cls._lock:
+            if cls._process is None:
+                cls._process = Env()
+            return cls._process
+
+    @classmethod
+    def _thread_env(cls):
+        """The Env this thread initializes: bound on first use, then kept.
+
+        The main thread, and the first thread to claim it, use the process Env;
+        other threads get their own.
+        """
+        env = getattr(cls._local, "env", None)
+        if env is not None:
+            return env
+        with cls._lock:
+            if cls._process is None:
+                cls._process = Env()
+            main = threading.current_thread() is threading.main_thread()
+            if main or not cls._process_claimed:
+                cls._process_claimed = True
+                env = cls._process
+            else:
+                env = Env()
+        cls._local.env = env
         return env
 
-    @classmethod
-    def _activate(cls, env):
-        cls._local.env = env
-        cls._latest = env
+    # ---- state ----------------------------------------------------------------
+    @property
+    def config(self):
+        """The epl.Config of this job (defaults and EPL_* variables before epl.init)."""
+        if self._config is None:
+            self._config = Config()
+        return self._config
 
-    @classmethod
-    def _deactivate(cls):
-        cls._local.env = None
-        cls._latest = None
+    @config.setter
+    def config(self, value):
+        self._config = value
+
+    @property
+    def cluster(self):
+        """The :class:`epl.Cluster` of this worker (discovered on first use)."""
+        if self._cluster is None:
+            self._cluster = Cluster.from_environment(self.config)
+        return self._cluster
+
+    @cluster.setter
+    def cluster(self, value):
+        self._set_cluster(value)
+
+    def _set_cluster(self, cluster):
+        if self.server is not None and cluster != self._cluster:
+            self.server = None   # a server serves one cluster spec
+        self._cluster = cluster
+
+    @property
+    def strategy_context(self):
+        """This thread's strategy scopes: ``.current`` segment and ``.default``."""
+        return get_context()
+
+    @property
+    def default_graph(self):
+        """The EPL view (:class:`epl.Graph`) of the current default tf.Graph."""
+        return Graph.get()
+
+    def _reset(self, config, cluster):
+        """Start over in place (``epl.init``); the server survives an unchanged cluster."""
+        self._config = config
+        self._set_cluster(cluster)
+        self.initialized = True
+
+    def _clear(self):
+        """Back to the state before any ``epl.init`` (``epl.reset``)."""
+        self._config = None
+        self._cluster = None
+        self.server = None
+        self.initialized = False
+        self._cluster_scopes = []
+
+    def get_config_proto(self, base=None):
+        """The ConfigProto EPL gives sessions and servers of this worker."""
+        from epl.cluster.session_config import session_config
+        return session_config(self.cluster, base)
 
     def get_or_create_server(self, config=None):
         """This worker's ``tf.train.Server`` (multi-worker jobs), created once.
@@ -79,8 +160,68 @@ class Env(object):
         return view
 
     def __repr__(self):
-        return "Env(%r, config with %d keys)" % (self.cluster, len(self.config.to_dict()))
+        return "Env(%r, config with %d keys%s)" % (
+            self.cluster, len(self.config.to_dict()),
+            "" if self.initialized else ", before epl.init")
 
+
+# ---- what lower layers ask the API layer (injected, so they import nothing above) -----
+class _Introspection(object):
+    """Plans for read-only views: ``epl.Graph`` / TaskGraph / cluster introspection."""
+
+    @staticmethod
+    def env_of(view):
+        return view.owner or Env.get()
+
+    def config_and_cluster(self, view):
+        env = self.env_of(view)
+        return env.config, env.cluster
+
+    def plan(self, view, taskgraphs, cluster=None):
+        """make_plan of ``taskgraphs`` on the view's Env (cached per TaskGraph specs,
+        config and cluster)."""
+        from epl.parallel.plan import make_plan, specs_from_graph
+        specs = specs_from_graph(_TaskGraphs(taskgraphs))
+        env = self.env_of(view)
+        cluster = cluster if cluster is not None else env.cluster
+        key = (tuple(specs), tuple(sorted(env.config.to_dict().items())), cluster)
+        cached = view.plan_cache
+        if cached is None or cached[0] != key:
+            cached = view.plan_cache = (key, make_plan(env.config, cluster, specs))
+        return cached[1]
+
+
+class _TaskGraphs(object):
+    """Something with ``.taskgraphs``, for ``specs_from_graph``."""
+
+    def __init__(self, taskgraphs):
+        self.taskgraphs = taskgraphs
+
+
+def _virtual_devices(cluster):
+    """``cluster.virtual_devices``: the plan's devices of each TaskGraph of the model."""
+    view = Graph.get(create=False)
+    return [] if view is None else view.virtual_devices(cluster)
+
+
+def _enter_cluster(cluster):
+    env = Env._thread_env()
+    env._cluster_scopes.append((cluster, env._cluster, env.server))
+    env._set_cluster(cluster)
+
+
+def _exit_cluster(cluster):
+    env = Env._thread_env()
+    for position in range(len(env._cluster_scopes) - 1, -1, -1):
+        entered, previous, server = env._cluster_scopes[position]
+        if entered is cluster:
+            del env._cluster_scopes[position]
+            env._cluster, env.server = previous, server
+            return
+
+
+_cluster_module._ENV_HOOKS[:] = [_enter_cluster, _exit_cluster, _virtual_devices]
+Graph.introspection = _Introspection()
 
 _HOOKS = []
 
@@ -96,10 +237,14 @@ def _hooks():
 def init(config=None, cluster=None):
     """Start EPL: validate config, discover the cluster, install TF hooks.
 
-    A second call starts over: new config, no TaskGraphs, no scopes, a fresh
-    default graph (inside ``with tf.Graph().as_default()``, that graph's EPL
-    state is cleared instead; other threads' graphs are left alone).
-    ``cluster`` is for tests that simulate several workers in one process.
+    A second call starts over in place (the same ``epl.Env`` object): new
+    config, no TaskGraphs, no scopes. Ops that EPL has not recorded (a dataset
+    built before ``epl.init``) are kept: they belong to no TaskGraph yet and
+    join the first TaskGraph created, like ops outside every scope. A default
+    graph holding a model built under a previous ``epl.init`` is replaced by a
+    fresh one (inside ``with graph.as_default()``, only its EPL state is cleared).
+    ``cluster`` is for tests that simulate several workers in one process;
+    inside ``with epl.Cluster(...)`` that cluster is used.
     """
     if tf_adapter.executing_eagerly():
         raise RuntimeError(
@@ -114,14 +259,14 @@ def init(config=None, cluster=None):
         raise TypeError("epl.init(config=...) expects an epl.Config or a dict, got %s"
                         % type(config).__name__)
     check_available(config)
+    env = Env._thread_env()
+    if cluster is None and env._cluster_scopes:
+        cluster = env._cluster_scopes[-1][0]
     if cluster is None:
         cluster = Cluster.from_environment(config)
     reset_context()
-    if not tf_adapter.graph_is_nested():
-        tf_adapter.tf.reset_default_graph()
-    Graph.forget()
-    env = Env(config, cluster)
-    Env._activate(env)
+    _start_graph_over()
+    env._reset(config, cluster)
     _hooks().install()
     # Register EPL's kernels in every process: a serving worker runs ops (ring
     # collectives, fused buffers) that another worker's graph placed on it.
@@ -129,6 +274,17 @@ def init(config=None, cluster=None):
     library.load()
     LOG.info("EPL initialized: %r", cluster)
     return env
+
+
+def _start_graph_over():
+    """Forget the default graph's EPL state; replace the graph if a previous epl.init
+    built a model in it (its records are gone, so it could not be parallelized)."""
+    view = Graph.get(create=False)
+    if view is not None and view.recorded_ops and not tf_adapter.graph_is_nested():
+        LOG.info("EPL: epl.init() starts a new default graph; the current one holds a "
+                 "model built under a previous epl.init()")
+        tf_adapter.tf.reset_default_graph()
+    Graph.forget()
 
 
 @contextlib.contextmanager
@@ -155,8 +311,22 @@ def paused():
 
 
 def reset():
-    """Undo ``epl.init``: restore TensorFlow's original functions, drop EPL state."""
+    """Undo ``epl.init``: restore TensorFlow's original functions, drop EPL state.
+
+    The Env object stays (references keep working) and returns to its state
+    before ``epl.init``. Outside a ``with graph.as_default()`` block the default
+    graph, which EPL may have rewritten, is replaced by a fresh one, as
+    ``tf.reset_default_graph()`` does.
+    """
     _hooks().uninstall()
     Graph.reset_all()
     reset_context()
-    Env._deactivate()
+    if not tf_adapter.graph_is_nested():
+        tf_adapter.tf.reset_default_graph()
+    env = getattr(Env._local, "env", None)
+    if env is not None:
+        env._clear()
+    if Env._process is not None:
+        Env._process._clear()
+    Env._local.env = None
+    Env._process_claimed = False

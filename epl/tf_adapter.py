@@ -30,6 +30,11 @@ GRADIENTS = (_gradients_util, "_GradientsHelper")
 # The context tf.gradients opens around the gradient ops of each forward op.
 GRADIENT_OF_OP = (_gradients_util, "_maybe_colocate_with")
 APPLY_GRADIENTS = (_optimizer.Optimizer, "apply_gradients")
+# Every optimizer family whose apply_gradients EPL records (their subclasses too):
+# tf.compat.v1.train optimizers and Keras optimizers (OptimizerV2 in TF 1.15).
+OPTIMIZER_BASES = tuple(base for base in (
+    _optimizer.Optimizer, getattr(tf.keras.optimizers, "Optimizer", None))
+    if isinstance(base, type))
 SESSION_INIT = (_session.BaseSession, "__init__")
 SESSION_RUN = (_session.BaseSession, "run")
 SESSION_MAKE_CALLABLE = (_session.BaseSession, "make_callable")
@@ -39,6 +44,26 @@ SAVER_RESTORE = (_saver.Saver, "restore")
 SERVER_INIT = (_server_lib.Server, "__init__")
 SCAFFOLD_FINALIZE = (_monitored_session.Scaffold, "finalize")
 _MTS = _monitored_session.MonitoredTrainingSession
+
+try:  # tf.estimator ships with TF 1.15 and 2.x up to 2.15; optional elsewhere
+    from tensorflow_estimator.python.estimator import estimator as _estimator
+    from tensorflow_estimator.python.estimator import run_config as _run_config
+except ImportError:  # pragma: no cover - TF builds without tf.estimator
+    _estimator = _run_config = None
+
+if _estimator is not None:
+    ESTIMATOR_CALL_MODEL_FN = (_estimator.Estimator, "_call_model_fn")
+    ESTIMATOR_TRAIN = (_estimator.Estimator, "train")
+    # Module functions Estimator.evaluate writes its eval summaries with.
+    ESTIMATOR_EVAL_SUMMARIES = [(_estimator, name) for name in (
+        "_write_dict_to_summary", "_write_checkpoint_path_to_summary")
+        if hasattr(_estimator, name)]
+    RUN_CONFIG_INIT = (_run_config.RunConfig, "__init__")
+    # Where RunConfig reads the cluster and task of TF_CONFIG (a parsed dict).
+    RUN_CONFIG_CLUSTER = (_run_config.RunConfig, "_init_distributed_setting_from_environment_var")
+else:  # pragma: no cover
+    ESTIMATOR_CALL_MODEL_FN = ESTIMATOR_TRAIN = RUN_CONFIG_INIT = RUN_CONFIG_CLUSTER = None
+    ESTIMATOR_EVAL_SUMMARIES = []
 
 
 def monitored_training_session_targets():
@@ -53,6 +78,32 @@ def monitored_training_session_targets():
         if module is not None and getattr(module, "MonitoredTrainingSession", None) is _MTS:
             targets.append((module, "MonitoredTrainingSession"))
     return targets
+
+
+def estimator_run_config(estimator):
+    """An Estimator's RunConfig (``Estimator.config`` returns a deep copy)."""
+    return estimator._config  # pylint: disable=protected-access
+
+
+def subclasses(cls):
+    """Every class derived from ``cls``, directly or not (each once)."""
+    seen, pending, result = set(), list(cls.__subclasses__()), []
+    while pending:
+        sub = pending.pop()
+        if id(sub) in seen:
+            continue
+        seen.add(id(sub))
+        result.append(sub)
+        pending.extend(sub.__subclasses__())
+    return result
+
+
+def distribution_strategy():
+    """The tf.distribute strategy whose scope or replica context is active, or None
+    (TF's default strategy counts as none)."""
+    if not tf.distribute.has_strategy():
+        return None
+    return tf.distribute.get_strategy()
 
 
 def fetch_mapper(graph, fetches):
@@ -211,6 +262,34 @@ _VARIABLE_READS = frozenset(["Identity", "RefIdentity", "ReadVariableOp", "Varia
                              "Enter", "RefEnter", "Switch", "RefSwitch"])
 
 
+_PASS_THROUGH = frozenset(["Identity", "RefIdentity", "Enter", "RefEnter", "Switch",
+                           "RefSwitch"])
+
+
+def is_state_tensor(tensor):
+    """True for ref and resource tensors (handles on variables and other state)."""
+    return tensor.dtype._is_ref_dtype or tensor.dtype == tf.resource
+
+
+def written_variables(op):
+    """Variable ops (VariableV2/VarHandleOp) that ``op`` updates in place, found by
+    following its ref/resource inputs back through identities and loop/cond plumbing."""
+    if not writes_variable(op):
+        return []
+    result = []
+    for tensor in op.inputs:
+        if not is_state_tensor(tensor):
+            continue
+        source = tensor.op
+        for _ in range(16):
+            if source.type not in _PASS_THROUGH or not source.inputs:
+                break
+            source = source.inputs[0].op
+        if is_variable_op(source):
+            result.append(source)
+    return result
+
+
 def writes_variable(op):
     """True for ops that update a variable in place (Assign*, Scatter*, Apply*):
     an op taking a ref or resource input that is not a plain read of it."""
@@ -257,3 +336,36 @@ def is_variable_initialized(var_op):
     if is_resource_variable(var_op):
         return _gen_rv.var_is_initialized_op(var_op.outputs[0])
     return _gen_state.is_variable_initialized(var_op.outputs[0])
+
+
+# ---- checkpoints --------------------------------------------------------------
+from tensorflow.python.ops import variables as _variables  # noqa: E402
+from tensorflow.python.training.saving import saveable_object as _saveable  # noqa: E402
+
+SaveableObject = _saveable.SaveableObject
+SaveSpec = _saveable.SaveSpec
+
+
+def all_saveable_objects():
+    """What a Saver without a var_list saves: global variables and SAVEABLE_OBJECTS."""
+    return _variables._all_saveable_objects()
+
+
+def saver_var_list(saver):
+    """The var_list a Saver was made with (None: everything saveable)."""
+    return saver._var_list
+
+
+def rebuild_saver(saver, var_list):
+    """A Saver over ``var_list`` with ``saver``'s options; returns its SaverDef."""
+    rebuilt = tf.train.Saver(var_list, sharded=saver._sharded, max_to_keep=saver._max_to_keep,
+                             keep_checkpoint_every_n_hours=saver._keep_checkpoint_every_n_hours,
+                             save_relative_paths=saver._save_relative_paths)
+    return rebuilt.saver_def
+
+
+def assign_any_shape(var_op, value):
+    """Assign ``value`` to a variable whatever its static shape (a shard's width)."""
+    if is_resource_variable(var_op):
+        return _gen_rv.assign_variable_op(var_op.outputs[0], value)
+    return _gen_state.assign(var_op.outputs[0], value, validate_shape=False).op

@@ -6,6 +6,12 @@ same way; the seed names (``gpu_num_per_worker``, ``total_gpu_num``) are kept
 but count compute devices. N comes from ``EPL_NUM_VIRTUAL_DEVICES`` (set by
 ``epl-launch --gpu_per_worker N`` on CPU hosts), default 1.
 
+``cluster.run_visible_devices`` selects among a worker's devices, GPUs or
+virtual CPUs alike: the listed indices must exist, and the selected devices are
+renumbered from 0 in the listed order, as TensorFlow's ``visible_device_list``
+does for GPUs (``EPL_NUM_VIRTUAL_DEVICES=4`` with ``"1,2"``: the worker uses 2
+devices, named ``CPU:0`` and ``CPU:1``).
+
 Example::
 
     >>> c = Cluster(worker_hosts=["127.0.0.1:2222", "127.0.0.1:2223"],
@@ -13,15 +19,21 @@ Example::
     >>> c.total_gpu_num, c.device(1, 0)
     (4, '/job:worker/replica:0/task:1/device:CPU:0')
 """
+import collections
 import json
 import os
 
-from epl.checks import check_count
+from epl.checks import check_count, is_integer
 from epl.cluster.layout import LayoutError  # noqa: F401  (re-exported)
 
 VIRTUAL_DEVICES_ENV = "EPL_NUM_VIRTUAL_DEVICES"
 LOCAL_JOB = "localhost"
 WORKER_JOB = "worker"
+
+# Set by epl.env (the API layer) so that a Cluster can be used as a context
+# manager and can show the plan's devices without importing the layers above it:
+# [enter(cluster), exit(cluster), virtual_devices(cluster)].
+_ENV_HOOKS = []
 
 
 class ClusterError(ValueError):
@@ -76,37 +88,142 @@ def virtual_device_count(environ):
     return value
 
 
+def parse_visible_devices(run_visible_devices):
+    """``"1,2"`` -> ``[1, 2]``; "" -> []. Refuses non-integers and duplicates."""
+    text = "".join((run_visible_devices or "").split())
+    if not text:
+        return []
+    try:
+        wanted = [int(part) for part in text.split(",")]
+    except ValueError:
+        wanted = [-1]
+    if any(i < 0 for i in wanted) or len(set(wanted)) != len(wanted):
+        raise ClusterError("cluster.run_visible_devices=%r: expected distinct device indices "
+                           "separated by commas, e.g. \"0,1\"" % (run_visible_devices,))
+    return wanted
+
+
+def _physical_gpu_count():
+    from epl.tf_adapter import tf
+    return len(tf.config.experimental.list_physical_devices("GPU"))
+
+
 def visible_gpu_count(run_visible_devices=""):
     """GPUs this worker may use, honouring ``cluster.run_visible_devices``."""
-    from epl.tf_adapter import tf
-    physical = len(tf.config.experimental.list_physical_devices("GPU"))
-    if not run_visible_devices:
+    physical = _physical_gpu_count()
+    wanted = parse_visible_devices(run_visible_devices)
+    if not physical or not wanted:
         return physical
-    wanted = [int(x) for x in run_visible_devices.split(",") if x.strip()]
-    bad = [x for x in wanted if x >= physical]
-    if bad:
-        raise ClusterError("cluster.run_visible_devices=%r names GPU(s) %s, but this worker "
-                           "has %d GPU(s)" % (run_visible_devices, bad, physical))
+    _check_indices(wanted, physical, run_visible_devices, "GPU(s)", "GPU(s)")
     return len(wanted)
 
 
-class Cluster(object):
-    """The job's workers and their compute devices (read-only after creation)."""
+def local_devices(run_visible_devices="", environ=None):
+    """``(count, device_type)`` of this worker's compute devices.
 
-    def __init__(self, worker_hosts=None, worker_index=0, devices_per_worker=1,
-                 device_type="CPU", run_visible_devices=""):
-        if device_type not in ("CPU", "GPU"):
-            raise ClusterError("device_type must be 'CPU' or 'GPU', got %r" % (device_type,))
-        check_count(devices_per_worker, "devices per worker", ClusterError)
-        self._distributed = worker_hosts is not None
-        self._hosts = list(worker_hosts) if self._distributed else ["localhost"]
+    GPUs when any are visible, else ``EPL_NUM_VIRTUAL_DEVICES`` virtual CPUs; in
+    both cases ``run_visible_devices`` selects a subset (indices must exist).
+    """
+    environ = os.environ if environ is None else environ
+    wanted = parse_visible_devices(run_visible_devices)
+    physical = _physical_gpu_count()
+    if physical:
+        if wanted:
+            _check_indices(wanted, physical, run_visible_devices, "GPU(s)", "GPU(s)")
+        return len(wanted) or physical, "GPU"
+    virtual = virtual_device_count(environ)
+    if wanted:
+        has = "virtual CPU device(s) (%s=%d) and no GPU" % (VIRTUAL_DEVICES_ENV, virtual)
+        _check_indices(wanted, virtual, run_visible_devices, "device(s)", has)
+    return len(wanted) or virtual, "CPU"
+
+
+def _check_indices(wanted, available, text, what, has):
+    bad = [i for i in wanted if i >= available]
+    if bad:
+        raise ClusterError("cluster.run_visible_devices=%r names %s %s, but this worker has "
+                           "%d %s" % (text, what, bad, available, has))
+
+
+class VirtualDevice(collections.namedtuple(
+        "VirtualDevice", ["taskgraph", "name", "devices", "local_devices"])):
+    """The devices of one TaskGraph in the plan (read-only).
+
+    ``devices[replica]`` is the tuple of devices one model replica of the
+    TaskGraph uses (``device_count`` of them); ``local_devices`` are the ones on
+    this worker, replica-major. The original EPL called ``devices``
+    ``slice_devices``; that name works too.
+    """
+
+    __slots__ = ()
+
+    @property
+    def slice_devices(self):
+        return self.devices
+
+    @property
+    def all_devices(self):
+        """Every device of the TaskGraph, replica-major."""
+        return tuple(d for replica in self.devices for d in replica)
+
+    @property
+    def num_replicas(self):
+        """Model replicas of the TaskGraph (not devices: see ``all_devices``)."""
+        return len(self.devices)
+
+
+class ClusterSpecDict(dict):
+    """``{"worker": [hosts]}``; also callable (``cluster.cluster_spec()``), and
+    ``as_dict()`` like ``tf.train.ClusterSpec``, so code of either style works."""
+
+    def __call__(self):
+        return dict(self)
+
+    def as_dict(self):
+        return dict(self)
+
+
+class Cluster(object):
+    """The job's workers and their compute devices (read-only after creation).
+
+    ``Cluster(worker_hosts, worker_index, devices_per_worker)``; without
+    ``devices_per_worker`` the devices are discovered (visible GPUs, else
+    ``EPL_NUM_VIRTUAL_DEVICES`` virtual CPUs, both filtered by
+    ``run_visible_devices``). The original EPL's keywords ``ps_hosts`` (extra
+    workers), ``job_name`` ("worker" or "ps": which list ``worker_index``
+    counts in) and ``layout="auto"`` are accepted; other layouts are refused,
+    because EPL's plan places TaskGraphs (see ``docs/migration.md``).
+
+    As a context manager it is the cluster of the current ``epl.Env`` inside
+    the block::
+
+        with epl.Cluster(worker_hosts=hosts, worker_index=1) as cluster:
+            epl.init()          # uses ``cluster``
+    """
+
+    def __init__(self, worker_hosts=None, worker_index=0, devices_per_worker=None,
+                 device_type=None, run_visible_devices="", ps_hosts=None, job_name=None,
+                 layout=None):
+        _check_layout(layout)
+        self._distributed = worker_hosts is not None or ps_hosts is not None
+        workers, ps = _host_list(worker_hosts, "worker_hosts"), _host_list(ps_hosts, "ps_hosts")
+        self._hosts = workers + ps if self._distributed else ["localhost"]
+        if not is_integer(worker_index):
+            raise ClusterError("worker_index must be an integer, got %r" % (worker_index,))
+        worker_index = _global_index(job_name, worker_index, len(workers), len(ps))
         if not 0 <= worker_index < len(self._hosts):
             raise ClusterError("worker_index %d is out of range for %d worker(s)"
                                % (worker_index, len(self._hosts)))
-        self._worker_index = worker_index
-        self._devices_per_worker = devices_per_worker
-        self._device_type = device_type
-        self._run_visible_devices = run_visible_devices
+        if device_type not in (None, "CPU", "GPU"):
+            raise ClusterError("device_type must be 'CPU' or 'GPU', got %r" % (device_type,))
+        if devices_per_worker is None:
+            devices_per_worker, found = local_devices(run_visible_devices)
+            device_type = device_type or found
+        check_count(devices_per_worker, "devices per worker", ClusterError)
+        self._worker_index = int(worker_index)
+        self._devices_per_worker = int(devices_per_worker)
+        self._device_type = device_type or "CPU"
+        self._run_visible_devices = "".join((run_visible_devices or "").split())
 
     @classmethod
     def from_environment(cls, config, environ=None):
@@ -116,18 +233,18 @@ class Cluster(object):
         hosts, index = None, 0
         if environ.get("TF_CONFIG", "").strip():
             hosts, index = parse_tf_config(environ["TF_CONFIG"])
-        gpus = visible_gpu_count(visible)
-        if gpus:
-            return cls(hosts, index, gpus, "GPU", visible)
-        return cls(hosts, index, virtual_device_count(environ), "CPU", visible)
+        count, device_type = local_devices(visible, environ)
+        return cls(hosts, index, count, device_type, visible)
 
     # ---- seed attributes -------------------------------------------------
     @property
     def worker_num(self):
+        """Number of workers in the job."""
         return len(self._hosts)
 
     @property
     def worker_index(self):
+        """This worker's index (0 is the chief)."""
         return self._worker_index
 
     @property
@@ -137,11 +254,49 @@ class Cluster(object):
 
     @property
     def total_gpu_num(self):
+        """Compute devices of the whole job."""
         return self._devices_per_worker * len(self._hosts)
 
     @property
     def run_visible_devices(self):
         return self._run_visible_devices
+
+    # ---- the original EPL's attributes -------------------------------------
+    @property
+    def available_devices(self):
+        """This worker's compute device strings, in local index order."""
+        return [self.device(self._worker_index, i) for i in range(self._devices_per_worker)]
+
+    @property
+    def virtual_devices(self):
+        """Per TaskGraph of the current model, its :class:`VirtualDevice` in the plan.
+
+        Computed from the current Env's config and this cluster when asked; empty
+        before the model has ops (or when the cluster belongs to no Env).
+        """
+        if not _ENV_HOOKS:
+            return []
+        return _ENV_HOOKS[2](self)
+
+    @property
+    def cluster_spec(self):
+        """``{"worker": hosts}`` for ``tf.train.ClusterSpec`` (call it or read it)."""
+        return ClusterSpecDict({WORKER_JOB: list(self._hosts)})
+
+    def current_worker_cpu(self):
+        """This worker's host CPU device string."""
+        return self.worker_cpu()
+
+    def current_worker_chief_gpu(self):
+        """This worker's first compute device (a GPU, or virtual CPU 0)."""
+        return self.device(self._worker_index, 0)
+
+    def get_local_rank(self):
+        """Index of this worker among the workers on the same host (by address)."""
+        if not self._distributed:
+            return 0
+        mine = _address(self._hosts[self._worker_index])
+        return sum(1 for h in self._hosts[:self._worker_index] if _address(h) == mine)
 
     # ---- EPL attributes --------------------------------------------------
     @property
@@ -175,9 +330,17 @@ class Cluster(object):
         worker = self._worker_index if worker is None else worker
         return "/job:%s/replica:0/task:%d" % (self.job_name, worker)
 
-    def cluster_spec(self):
-        """Dict for ``tf.train.ClusterSpec`` (one job named ``worker``)."""
-        return {WORKER_JOB: list(self._hosts)}
+    # ---- context manager ---------------------------------------------------
+    def __enter__(self):
+        if not _ENV_HOOKS:
+            raise RuntimeError("epl.Cluster(...) as a context manager needs epl.Env: "
+                               "import epl before entering it")
+        _ENV_HOOKS[0](self)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        _ENV_HOOKS[1](self)
+        return False
 
     def __eq__(self, other):
         return isinstance(other, Cluster) and self._key() == other._key()
@@ -196,3 +359,45 @@ class Cluster(object):
         return ("Cluster(workers=%d, worker_index=%d, %d %s device(s) per worker%s)"
                 % (self.worker_num, self._worker_index, self._devices_per_worker,
                    self._device_type, ", hosts=%s" % self._hosts if self._distributed else ""))
+
+
+def _host_list(hosts, what):
+    """A list of ``host:port`` from a list or a comma-separated string."""
+    if hosts is None:
+        return []
+    if isinstance(hosts, str):
+        hosts = [h.strip() for h in hosts.split(",") if h.strip()]
+    hosts = list(hosts)
+    if not all(isinstance(h, str) and h for h in hosts):
+        raise ClusterError("%s must be host:port strings, got %r" % (what, hosts))
+    return hosts
+
+
+def _global_index(job_name, index, workers, ps):
+    """Index among all hosts of task ``index`` of ``job_name`` (ps hosts come last)."""
+    if job_name in (None, WORKER_JOB):
+        return index
+    if job_name == "ps":
+        if not 0 <= index < ps:
+            raise ClusterError("job_name='ps', worker_index=%d: there are %d ps host(s)"
+                               % (index, ps))
+        return workers + index
+    raise ClusterError("job_name=%r: EPL runs one job of workers; use 'worker' (or 'ps' for "
+                       "a host listed in ps_hosts, which EPL treats as a worker)" % (job_name,))
+
+
+def _check_layout(layout):
+    if layout is None or layout == "auto":
+        return
+    if layout == "all":
+        raise ClusterError(
+            "Cluster(layout='all') is the original EPL's colocated layout; in EPL it is a "
+            "config key: epl.Config({'cluster.colocate_split_and_replicate': True})")
+    raise ClusterError(
+        "Cluster(layout=%r) is not supported: EPL's plan places TaskGraphs on devices "
+        "(row order, or column order with cluster.device_place_prefer_intra_node=False); "
+        "only layout=None or 'auto' is accepted" % (layout,))
+
+
+def _address(host):
+    return host.rsplit(":", 1)[0]

@@ -16,11 +16,15 @@ def as_rank1(tensor):
 
 
 def _group_order(tensor, group, per_member_rows):
-    """Reorder an all-gather result from TF's rank order to ``group.devices`` order."""
+    """Reorder an all-gather result from TF's rank order to ``group.devices`` order.
+
+    ``per_member_rows`` is None when the row count is only known at run time."""
     tf_order = sorted(group.devices)
     perm = [tf_order.index(d) for d in group.devices]
     if perm == list(range(group.size)):
         return tensor
+    if per_member_rows is None:
+        per_member_rows = tf.shape(tensor)[0] // group.size
     chunks = tf.reshape(tensor, tf.concat([[group.size, per_member_rows],
                                            tf.shape(tensor)[1:]], 0))
     return tf.reshape(tf.gather(chunks, perm), tf.shape(tensor))
@@ -59,8 +63,6 @@ class TFCollectiveBackend(object):
         tensor = as_rank1(tensor)
         rows = tensor.shape[0].value
         gathered = collective_ops.all_gather(tensor, group.size, group.key, instance_key)
-        if rows is None:
-            return gathered
         return _group_order(gathered, group, rows)
 
     def broadcast_send(self, tensor, group, device, instance_key):

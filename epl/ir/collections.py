@@ -18,6 +18,7 @@ class GraphKeys(object):
 
     ALL = (GLOBAL_MEAN_OBJECTS, GLOBAL_SUM_OBJECTS, GLOBAL_CONCAT_OBJECTS,
            LOCAL_MEAN_OBJECTS, LOCAL_SUM_OBJECTS, LOCAL_CONCAT_OBJECTS)
+    ALL_COLLECTION_KEYS = ALL   # the original EPL's name
 
     @staticmethod
     def describe(key):

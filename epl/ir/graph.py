@@ -6,7 +6,9 @@ micro-batch, origin). Nothing is ever parsed back out of op names.
 How ops get their TaskGraph:
   * forward ops: the strategy segment active when they are created; ops
     outside every scope join the most recent replicate TaskGraph (or, before
-    any exists, the first TaskGraph created later);
+    any exists, the first TaskGraph created later). Ops that existed before
+    EPL first saw the graph (a dataset built before ``epl.init``) are treated
+    the same way;
   * backward and apply ops (created inside ``tf.gradients`` /
     ``apply_gradients``): the TaskGraph of the op they are colocated with
     (EPL turns on ``colocate_gradients_with_ops``, and optimizers colocate
@@ -18,20 +20,40 @@ Example::
 
     >>> g = Graph.get()          # the default tf.Graph's EPL view
     >>> print(g)                 # TaskGraphs with op counts per phase
+    >>> g.num_stages, g.taskgraphs[0].num_replicas
+
+Empty TaskGraphs (a ``set_default_strategy`` whose strategy got no ops) are
+dropped before planning (:meth:`Graph.ensure_taskgraph`), so they never take
+devices or pipeline stages. Introspection uses the original EPL's names
+(``num_stages``, ``pipeline_enabled``, ``gradients``, ``operations``; per
+TaskGraph ``num_replicas``, ``local_num_replicas``, ``virtual_device``,
+``get_variables()``, ``is_first_stage``); values that need the plan are
+computed from the Env's config and cluster when asked.
 """
+import collections
 import contextlib
+import logging
+import types
 import weakref
 
 from epl import tf_adapter
+from epl.cluster import VirtualDevice
 from epl.ir.collections import GraphKeys
 from epl.ir.phase import Phase
 from epl.ir.taskgraph import REPLICATE, OpInfo, TaskGraph, implicit_strategy
 
+LOG = logging.getLogger("epl")
 _REGISTRY = weakref.WeakKeyDictionary()
+
+Specialization = collections.namedtuple("Specialization", ["builder", "inputs", "helpers"])
 
 
 class Graph(object):
     """Per-``tf.Graph`` EPL state; get it with :meth:`Graph.get`."""
+
+    # Set by epl.env (the API layer): config, cluster and plans for introspection,
+    # so that this layer never imports the planner or the Env.
+    introspection = None
 
     def __init__(self, tf_graph):
         self._tf_graph = weakref.ref(tf_graph)
@@ -52,11 +74,21 @@ class Graph(object):
         self._resolving = []
         self._forced = []               # (taskgraph, phase) while a model pass builds ops
         self._gradient_of = []          # forward ops whose gradient ops are being built
+        self._adopted = set()           # ops that existed before this view (not yet re-seen)
+        self.recorded_ops = 0           # ops registered while EPL's hooks were active
+        self.plan_cache = None          # (key, plan) of the last introspection plan
+        self._adopt_existing(tf_graph)
 
     # ---- lookup --------------------------------------------------------------
     @classmethod
-    def get(cls, tf_graph=None, create=True):
-        """The EPL view of ``tf_graph`` (default: the current default graph)."""
+    def get(cls, tf_graph=None, create=True, may_create=None):
+        """The EPL view of ``tf_graph`` (default: the current default graph).
+
+        Without a view yet, one is created unless ``create`` (or the original
+        EPL's spelling ``may_create``) is False; then None is returned.
+        """
+        if may_create is not None:
+            create = may_create
         tf_graph = tf_graph if tf_graph is not None else tf_adapter.get_default_graph()
         graph = _REGISTRY.get(tf_graph)
         if graph is None and create:
@@ -82,11 +114,17 @@ class Graph(object):
     def phase(self):
         return self._phases[-1]
 
-    def specialize(self, op, builder):
+    def specialize(self, op, builder, inputs=None, helpers=()):
         """Mark ``op`` (built for copy 0, micro-batch 0) as one that every other copy and
         micro-batch builds with ``builder(copy, micro_batch, inputs) -> op`` instead of
-        cloning it: collectives whose rank and group depend on the copy."""
-        self.specialized[op.name] = builder
+        cloning it: collectives whose rank and group depend on the copy.
+
+        ``inputs`` are the tensors the builder reads (default: ``op``'s inputs); the
+        builder gets each copy's version of them. ``helpers`` are other ops the
+        builder made for copy 0 on the way to ``op``; they are never copied."""
+        self.specialized[op.name] = Specialization(
+            builder, list(op.inputs) if inputs is None else list(inputs),
+            frozenset(h.name for h in helpers))
 
     def raw_gradient(self, var_op_name):
         """The gradient ``tf.gradients`` last returned for a variable, or None."""
@@ -148,8 +186,25 @@ class Graph(object):
         finally:
             self._forced.pop()
 
+    def _adopt_existing(self, tf_graph):
+        """Ops created before EPL saw the graph join the first TaskGraph, as forward ops."""
+        for op in tf_graph.get_operations():
+            self.op_info[op.name] = OpInfo(None, Phase.FORWARD)
+            self._unassigned.append(op.name)
+            self._adopted.add(op.name)
+
+    def open_segment(self, segment):
+        """Create the TaskGraph of ``segment`` now (``set_default_strategy``)."""
+        return self._taskgraph_for_segment(segment)
+
     def register_op(self, op, segment):
         """Record a newly created op (called by the op-creation hook)."""
+        self.recorded_ops += 1
+        if self._adopted and op.name in self._adopted:
+            # The op that made the hook create this view: register it properly.
+            self._adopted.discard(op.name)
+            if op.name in self._unassigned:
+                self._unassigned.remove(op.name)
         if self._forced:
             taskgraph, phase = self._forced[-1]
             self.op_info[op.name] = OpInfo(taskgraph, phase)
@@ -213,7 +268,7 @@ class Graph(object):
         return self.taskgraphs[-1].index if self.taskgraphs else None
 
     def _new_taskgraph(self, strategy, implicit=False):
-        taskgraph = TaskGraph(len(self.taskgraphs), strategy, implicit)
+        taskgraph = TaskGraph(len(self.taskgraphs), strategy, implicit, graph=self)
         self.taskgraphs.append(taskgraph)
         pending, self._unassigned = self._unassigned, []
         for name in pending:
@@ -222,10 +277,12 @@ class Graph(object):
         return taskgraph.index
 
     def ensure_taskgraph(self):
-        """Give unannotated models one implicit ``replicate(1)`` TaskGraph.
+        """Prepare the TaskGraphs for planning (called before every plan).
 
-        Also places ops still waiting for a TaskGraph (created outside every
-        scope) in the most recent replicate TaskGraph.
+        Gives unannotated models one implicit ``replicate(1)`` TaskGraph, places
+        ops still waiting for a TaskGraph (created outside every scope) in the
+        most recent replicate TaskGraph, and drops empty TaskGraphs (see
+        :meth:`compact`).
         """
         if not self.taskgraphs:
             self._new_taskgraph(implicit_strategy(), implicit=True)
@@ -235,6 +292,42 @@ class Graph(object):
             for name in pending:
                 self.op_info[name].taskgraph = index
             self.taskgraphs[index].op_names.extend(pending)
+        self._adopted.clear()
+        self.compact()
+
+    def live_taskgraphs(self):
+        """TaskGraphs with ops (the first one if none has ops yet)."""
+        live = [tg for tg in self.taskgraphs if tg.op_names]
+        return live or self.taskgraphs[:1]
+
+    def compact(self):
+        """Drop TaskGraphs without ops and renumber the rest (and every op's record).
+
+        A ``set_default_strategy`` whose strategy never got an op, for example,
+        must not take devices or a pipeline stage. Returns ``{old: new}`` index
+        mapping (empty when nothing changed). Never runs after the rewrite.
+        """
+        live = self.live_taskgraphs()
+        if len(live) == len(self.taskgraphs) or self.parallel is not None:
+            return {}
+        mapping = dict((tg.index, new) for new, tg in enumerate(live))
+        dropped = [tg for tg in self.taskgraphs if tg.index not in mapping]
+        LOG.info("EPL: dropped %d empty TaskGraph(s) before planning (%s); renumbered %s",
+                 len(dropped), ", ".join("%d %r" % (tg.index, tg.strategy) for tg in dropped),
+                 ", ".join("%d->%d" % item for item in sorted(mapping.items())))
+        for info in self.op_info.values():
+            if info.taskgraph is not None:
+                info.taskgraph = mapping[info.taskgraph]
+        self._segment_taskgraph = dict((seg, mapping[index]) for seg, index
+                                       in self._segment_taskgraph.items() if index in mapping)
+        for key, record in list(self.sharded_variables.items()):
+            self.sharded_variables[key] = _renumbered(record, mapping)
+        self.layer_collectives[:] = [_renumbered(r, mapping) for r in self.layer_collectives]
+        for taskgraph in live:
+            taskgraph.index = mapping[taskgraph.index]
+        self.taskgraphs = live
+        self.plan_cache = None
+        return mapping
 
     def _resolve(self, ops):
         """Give backward/apply/session ops the TaskGraph of what they serve."""
@@ -281,6 +374,84 @@ class Graph(object):
             result.append(op)
         return result
 
+    # ---- introspection (read-only, the original EPL's names) -------------------
+    def _context(self):
+        if Graph.introspection is None:
+            raise RuntimeError("EPL introspection needs epl.Env: import epl and call "
+                               "epl.init() first")
+        return Graph.introspection
+
+    @property
+    def num_stages(self):
+        """Pipeline stages of the model: 1 without a pipeline, 0 before any TaskGraph.
+
+        TaskGraphs colocated by ``cluster.colocate_split_and_replicate`` form one stage.
+        """
+        live = self.live_taskgraphs()
+        config, _ = self._context().config_and_cluster(self)
+        if live and config.cluster.colocate_split_and_replicate:
+            return 1
+        return len(live)
+
+    @property
+    def pipeline_enabled(self):
+        """True when micro-batches flow through two or more stages."""
+        config, _ = self._context().config_and_cluster(self)
+        return self.num_stages >= 2 and config.pipeline.num_micro_batch > 1
+
+    @property
+    def gradients(self):
+        """Gradient tensors given to ``apply_gradients``, in call order."""
+        return [grad for call in self.apply_calls for grad, _ in call]
+
+    @property
+    def operations(self):
+        """Read-only ``{name: tf.Operation}`` of every op EPL recorded, in creation order."""
+        ops = collections.OrderedDict((op.name, op) for op in self.tf_graph.get_operations()
+                                      if op.name in self.op_info)
+        return types.MappingProxyType(ops)
+
+    def placement(self, cluster=None):
+        """``(plan, {TaskGraph index: plan TaskGraph index})`` or None without TaskGraphs.
+
+        After the rewrite this is the plan the rewrite used; before it, the plan
+        of the TaskGraphs that have ops, on the Env's config and ``cluster``
+        (default: the Env's).
+        """
+        if self.parallel is not None:
+            plan = self.parallel.plan
+            return plan, dict((i, i) for i in range(len(plan.taskgraphs)))
+        live = self.live_taskgraphs()
+        if not live:
+            return None
+        plan = self._context().plan(self, live, cluster)
+        return plan, dict((tg.index, i) for i, tg in enumerate(live))
+
+    def virtual_devices(self, cluster=None):
+        """``[VirtualDevice]`` of the TaskGraphs that take devices, in order."""
+        placed = self.placement(cluster)
+        if placed is None:
+            return []
+        plan, plan_index = placed
+        worker = self._worker(cluster)
+        return [_virtual_device(plan, plan_index[tg.index], worker, tg.index)
+                for tg in self.taskgraphs if tg.index in plan_index]
+
+    def _worker(self, cluster=None):
+        if cluster is None:
+            _, cluster = self._context().config_and_cluster(self)
+        return cluster.worker_index
+
+    def variables_of(self, taskgraph):
+        """The user's global variables (copy 0) whose variable op is in ``taskgraph``."""
+        result = []
+        graph = self.tf_graph
+        for variable in graph.get_collection(tf_adapter.tf.GraphKeys.GLOBAL_VARIABLES):
+            info = self.op_info.get(variable.op.name)
+            if info is not None and info.taskgraph == taskgraph and info.copy == 0:
+                result.append(variable)
+        return result
+
     def phase_counts(self, taskgraph):
         counts = dict((phase, 0) for phase in Phase.ALL)
         for name in taskgraph.op_names:
@@ -302,3 +473,21 @@ class Graph(object):
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def _virtual_device(plan, plan_index, worker, taskgraph_index):
+    tg_plan = plan.taskgraphs[plan_index]
+    local = tuple(d for replica in tg_plan.devices for d in replica
+                  if plan.worker_of.get(d) == worker)
+    return VirtualDevice(taskgraph_index, tg_plan.name, tg_plan.devices, local)
+
+
+def _renumbered(record, mapping):
+    """``record`` with its ``taskgraph`` index renumbered, when it has one."""
+    index = getattr(record, "taskgraph", None)
+    if not isinstance(index, int) or index not in mapping:
+        return record
+    if hasattr(record, "_replace"):
+        return record._replace(taskgraph=mapping[index])
+    record.taskgraph = mapping[index]
+    return record

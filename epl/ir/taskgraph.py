@@ -1,5 +1,6 @@
-"""TaskGraph: the ops of one strategy-scope entry, the unit EPL places and clones."""
+"""TaskGraph: the ops of one strategy segment, the unit EPL places and clones."""
 import collections
+import weakref
 
 # The two kinds of strategy; epl.strategies builds its scope classes on them.
 REPLICATE = "replicate"
@@ -44,6 +45,11 @@ class OpInfo(object):
 class TaskGraph(object):
     """One parallel sub-graph: a strategy plus the ops created under it.
 
+    Introspection in the original EPL's names (read-only; values that need the
+    plan are computed from the Env's config and cluster when asked):
+    ``num_replicas``, ``local_num_replicas``, ``virtual_device``,
+    ``get_variables()``, ``is_first_stage``, ``is_last_stage``.
+
     Example::
 
         >>> tg = TaskGraph(0, epl.replicate(name="stage_0"))
@@ -51,11 +57,12 @@ class TaskGraph(object):
         ('stage_0', 'replicate', 1)
     """
 
-    def __init__(self, index, strategy, implicit=False):
+    def __init__(self, index, strategy, implicit=False, graph=None):
         self.index = index
         self.strategy = strategy
         self.implicit = implicit
         self.op_names = []
+        self._graph = weakref.ref(graph) if graph is not None else None
 
     @property
     def name(self):
@@ -73,6 +80,69 @@ class TaskGraph(object):
     @property
     def is_replicate(self):
         return self.kind == REPLICATE
+
+    # ---- introspection -------------------------------------------------------------
+    def _view(self):
+        graph = self._graph() if self._graph is not None else None
+        if graph is None:
+            raise RuntimeError("TaskGraph %d belongs to no epl.Graph" % self.index)
+        return graph
+
+    def _placement(self):
+        """(plan, index in the plan) or (plan or None, None) when it takes no devices."""
+        placed = self._view().placement()
+        if placed is None:
+            return None, None
+        plan, plan_index = placed
+        return plan, plan_index.get(self.index)
+
+    @property
+    def virtual_device(self):
+        """Its devices in the plan (:class:`epl.cluster.VirtualDevice`), None while it
+        has no ops (an empty TaskGraph takes no devices)."""
+        for device in self._view().virtual_devices():
+            if device.taskgraph == self.index:
+                return device
+        return None
+
+    @property
+    def num_replicas(self):
+        """Model replicas of this TaskGraph in the whole job (0 while it has no ops)."""
+        plan, index = self._placement()
+        return 0 if index is None else len(plan.taskgraphs[index].devices)
+
+    @property
+    def local_num_replicas(self):
+        """Model replicas with a device of this TaskGraph on this worker."""
+        device = self.virtual_device
+        if device is None:
+            return 0
+        local = set(device.local_devices)
+        return sum(1 for replica in device.devices if local.intersection(replica))
+
+    def get_variables(self):
+        """The global variables of this TaskGraph (optimizer slots included; the
+        user's model, not EPL's copies of it)."""
+        return self._view().variables_of(self.index)
+
+    @property
+    def stage(self):
+        """Position among the pipeline stages; 0 when the model is not a pipeline."""
+        plan, index = self._placement()
+        if index is None or index not in plan.stages:
+            return 0
+        return plan.stages.index(index)
+
+    @property
+    def is_first_stage(self):
+        return self.stage == 0
+
+    @property
+    def is_last_stage(self):
+        plan, index = self._placement()
+        if index is None or not plan.stages:
+            return True
+        return self.stage == len(plan.stages) - 1
 
     def __repr__(self):
         return "TaskGraph(%d, %r%s, %d ops)" % (

@@ -45,10 +45,11 @@ class Cloner(object):
     """Clones one fixed set of ops, as often as needed.
 
     ``specialized`` maps the names of ops in the set that must be rebuilt per
-    clone to ``builder(tag, inputs) -> op``; ``tag`` is what the caller passed
-    to :meth:`clone` (which copy, which micro-batch), ``inputs`` the clone's
-    input tensors (cloned where the producer is in the set, else the original
-    or its replacement); the built op must have the source op's outputs.
+    clone to ``(builder, inputs)``: ``builder(tag, inputs) -> op`` gets ``tag``
+    (what the caller passed to :meth:`clone`: which copy, which micro-batch)
+    and the clone's version of ``inputs`` (cloned where the producer is in the
+    set, else the original or its replacement); the built op must have the
+    source op's outputs.
     """
 
     def __init__(self, tf_graph, ops, specialized=None):
@@ -153,10 +154,11 @@ class Cloner(object):
         for op in self.ops:
             if op.name not in self.specialized:
                 continue
-            inputs = [_cloned(t, result, replace) for t in op.inputs]
+            builder, sources = self.specialized[op.name]
+            inputs = [_cloned(t, result, replace) for t in sources]
             with self.tf_graph.as_default(), tf.name_scope(None), tf.device(
                     device_of(op) if device_of is not None else op.device):
-                new_op = self.specialized[op.name](tag, inputs)
+                new_op = builder(tag, inputs)
             result.ops[op.name] = new_op
             for ref, new in zip(self._placeholders[op.name], new_op.outputs):
                 placeholder = self.tf_graph.get_tensor_by_name("%s/%s" % (prefix, ref))

@@ -15,6 +15,24 @@ from epl.parallel.program import ParallelProgram
 GRADIENTS, OUTPUTS, SYNC, LAYERS = "grads", "outputs", "sync", "layers"
 
 
+def sharded_variable_names(view):
+    """{name: ShardInfo} of the variables split layers sharded, plus their optimizer
+    slots (sharded like their variable)."""
+    names = dict(view.sharded_variables)
+    for call in view.apply_calls:
+        optimizer = call.optimizer
+        slot_names = getattr(optimizer, "get_slot_names", lambda: [])()
+        for _, var in call:
+            info = view.sharded_variables.get(var.op.name)
+            if info is None:
+                continue
+            for slot in slot_names:
+                found = optimizer.get_slot(var, slot)
+                if found is not None:
+                    names[found.op.name] = info
+    return names
+
+
 class RewriteContext(object):
     """What every pass reads and extends.
 
@@ -38,6 +56,7 @@ class RewriteContext(object):
         self.keys = KeyRegistry()
         self.epl_variables = []    # EPL's own state (accumulators), initialized by the sync op
         self.split_inputs = set()  # get-next ops whose batch BatchSplit splits over copies
+        self._sharded = None
         self.program = ParallelProgram(plan, self.worker, len(self.copies))
         self._communicators = {}
 
@@ -63,15 +82,25 @@ class RewriteContext(object):
     def taskgraph_of(self, op):
         return self.view.info(op).taskgraph
 
-    def weight_position(self, taskgraph, copy):
-        """Which weights ``copy`` holds for ``taskgraph``: its shard for split
-        TaskGraphs, 0 for replicate ones (every position holds them all)."""
-        tg_plan = self.plan.taskgraphs[taskgraph]
-        return self.copies[copy].position if tg_plan.kind == "split" else 0
+    @property
+    def sharded_variables(self):
+        """{name: ShardInfo} of variables that hold one shard per position: those split
+        layers made, and the optimizer slots of those."""
+        if self._sharded is None:
+            self._sharded = sharded_variable_names(self.view)
+        return self._sharded
 
-    def dp_group(self, taskgraph, copy):
-        """The data-parallel group of ``copy``'s weights of ``taskgraph``."""
-        return self.plan.taskgraphs[taskgraph].dp_group(self.weight_position(taskgraph, copy))
+    def weight_position(self, var_op, copy):
+        """The shard of ``var_op`` that ``copy`` holds, or None when every copy holds
+        the whole variable."""
+        if var_op.name in self.sharded_variables:
+            return self.copies[copy].position
+        return None
+
+    def dp_group(self, var_op, copy):
+        """The data-parallel group of ``copy``'s instance of ``var_op``."""
+        tg_plan = self.plan.taskgraphs[self.taskgraph_of(var_op)]
+        return tg_plan.dp_group(self.weight_position(var_op, copy))
 
     def readers(self):
         """[(reader copy, [copies sharing its batch])]: per model replica, the first

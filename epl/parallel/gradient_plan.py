@@ -21,6 +21,7 @@ Later savers add kinds (ZeRO: ``reduce_scatter`` to an ``owner``).
 import collections
 
 from epl.communicators.fusion import plan_buckets
+from epl.parallel.mesh import Group
 
 ALL_REDUCE, ALL_GATHER, ACCUMULATED_SPARSE, LOCAL = (
     "all_reduce", "all_gather", "accumulated_sparse", "local")
@@ -28,7 +29,8 @@ ALL_REDUCE, ALL_GATHER, ACCUMULATED_SPARSE, LOCAL = (
 GradientInfo = collections.namedtuple(
     "GradientInfo", ["name", "taskgraph", "sparse", "nbytes", "dtype", "order"])
 GradientInfo.__doc__ = """Static facts about one variable's gradient: variable name,
-TaskGraph, IndexedSlices or not, bytes (dense), dtype name, production order."""
+TaskGraph, IndexedSlices or not, bytes (dense; None when only known per copy, as for a
+shard: such a gradient is reduced on its own, unfused), dtype name, production order."""
 
 
 class Entry(collections.namedtuple("Entry", [
@@ -85,32 +87,45 @@ def plan_gradients(infos, group_of, comm_config, micro_batches=1, accumulation_s
 
     Args:
       infos: GradientInfo per trained variable.
-      group_of: function(taskgraph) -> this copy's data-parallel Group.
+      group_of: function(info) -> this copy's data-parallel Group for that variable, or
+        (Group, shards): also divide by ``shards`` (for "mean"). A shard of a split
+        layer is trained by all ``shards`` copies of its replica at once (their
+        losses reach it through the layer's collectives), so its gradient is
+        ``shards`` times the gradient of the mean loss.
       comm_config: the ``communication`` config section.
       micro_batches: pipeline micro-batches summed before the reduction.
       accumulation_steps: runs accumulated per apply (gradient accumulation).
     """
     mean = comm_config.gradients_reduce_method == "mean"
-    divisor = micro_batches * accumulation_steps if mean else 1
     accumulate = accumulation_steps > 1
     by_group = collections.OrderedDict()
     for info in sorted(infos, key=lambda i: (i.order, i.name)):
-        by_group.setdefault(group_of(info.taskgraph), []).append(info)
+        group, replicas = _group_and_replicas(group_of(info))
+        by_group.setdefault((group, replicas), []).append(info)
     entries = []
-    for group, members in by_group.items():
-        dense = [i for i in members if not i.sparse]
+    for (group, shards), members in by_group.items():
+        divisor = micro_batches * accumulation_steps * (shards or 1) if mean else 1
+        collective_mean = mean
+        dense = [i for i in members if not i.sparse and i.nbytes is not None]
+        for info in (i for i in members if not i.sparse and i.nbytes is None):
+            entries.append(Entry(info.name, group, None, ALL_REDUCE if group.size > 1 else LOCAL,
+                                 accumulate, divisor, collective_mean, None))
         for info, bucket in zip(dense, _bucket_of(dense, comm_config.max_splits)):
             reduction = ALL_REDUCE if group.size > 1 else LOCAL
             entries.append(Entry(info.name, group, bucket if group.size > 1 else None,
-                                 reduction, accumulate, divisor, mean, None))
+                                 reduction, accumulate, divisor, collective_mean, None))
         for info in (i for i in members if i.sparse):
             if group.size == 1:
                 reduction = LOCAL
             else:
                 reduction = ACCUMULATED_SPARSE if accumulate else ALL_GATHER
-            entries.append(Entry(info.name, group, None, reduction, accumulate, divisor, mean,
-                                 None))
+            entries.append(Entry(info.name, group, None, reduction, accumulate, divisor,
+                                 collective_mean, None))
     return GradientPlan(tuple(entries))
+
+
+def _group_and_replicas(found):
+    return (found, None) if isinstance(found, Group) else found
 
 
 def _bucket_of(dense, max_splits):

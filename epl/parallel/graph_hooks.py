@@ -4,18 +4,21 @@ Op creation registers the op with the active strategy segment; ``tf.gradients``
 runs in the BACKWARD phase, and the gradient ops of each forward op join that
 op's TaskGraph (through tf.gradients' own per-op context, without forcing
 ``colocate_gradients_with_ops``, which makes graph building ~20% slower);
-``apply_gradients`` runs in the APPLY phase and records the (gradient, variable)
-pairs EPL aggregates; savers and MonitoredSession scaffolds run in the SESSION
-phase (never cloned).
+every optimizer's ``apply_gradients`` (tf.train and Keras optimizers and every
+subclass that overrides it, defined before or after ``epl.init``) runs in the
+APPLY phase and records the (gradient, variable) pairs EPL aggregates; savers
+and MonitoredSession scaffolds run in the SESSION phase (never cloned).
 """
 import contextlib
 import functools
 import inspect
+import weakref
 
 from epl import tf_adapter
 from epl.ir.graph import Graph
 from epl.ir.phase import Phase
 from epl.ir.records import ApplyCall, GradientCall, as_list
+from epl.parallel import step_check
 from epl.parallel.hooks import Patch
 from epl.strategies.context import get_context
 
@@ -79,18 +82,130 @@ def _densify(grad):
     return grad
 
 
-def _wrap_apply_gradients(original):
+def _wrap_apply_gradients(original, provider):
+    """Record one optimizer's ``apply_gradients(grads_and_vars, ...)`` and run it in
+    the APPLY phase. Works for any signature whose first argument after ``self`` is
+    the (gradient, variable) pairs (tf.train and Keras optimizers, user subclasses);
+    nested calls (a subclass calling ``super()``, a wrapper optimizer calling the one
+    it wraps) are recorded once, by the outermost call."""
+    signature = inspect.signature(original)
+    params = list(signature.parameters.values())
+    pairs_arg = params[1].name if len(params) > 1 and params[1].kind in (
+        inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) else None
+
     @functools.wraps(original)
-    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    def apply_gradients(self, *args, **kwargs):
         view = _view()
-        if view is None or view.phase == Phase.APPLY:
-            return original(self, grads_and_vars, global_step=global_step, name=name)
-        grads_and_vars = tuple(grads_and_vars)
+        if view is None or view.phase == Phase.APPLY or pairs_arg is None:
+            return original(self, *args, **kwargs)
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:  # TF's own error message, unchanged
+            return original(self, *args, **kwargs)
+        pairs = tuple(bound.arguments[pairs_arg])
+        bound.arguments[pairs_arg] = pairs
+        strategy = tf_adapter.distribution_strategy()
+        if strategy is not None:
+            step_check.mark_foreign_strategy(view, strategy, provider().cluster)
+            return original(*bound.args, **bound.kwargs)
         view.apply_calls.append(ApplyCall(
-            self, [(g, v) for g, v in grads_and_vars if g is not None], global_step, name))
+            self, [(g, v) for g, v in pairs if g is not None],
+            bound.arguments.get("global_step"), bound.arguments.get("name")))
         with view.phase_scope(Phase.APPLY):
-            return original(self, grads_and_vars, global_step=global_step, name=name)
+            return original(*bound.args, **bound.kwargs)
     return apply_gradients
+
+
+_OFF, _ON = "off", "on"
+
+
+class MethodCoverage(object):
+    """Wrap one method on base classes and on every subclass that overrides it.
+
+    BERT's ``AdamWeightDecayOptimizer`` overrides ``apply_gradients`` without
+    calling the base class; wrapping ``tf.train.Optimizer.apply_gradients`` alone
+    never sees it. This wraps the method of each base and of each overriding
+    subclass that exists when it is switched on, and of subclasses defined later
+    (an ``__init_subclass__`` hook on each base). Switching off restores every
+    class exactly.
+
+    It is a patch target for the :class:`~epl.parallel.hooks.HookRegistry`: the
+    registry sets ``state`` to ``"on"`` when it installs and back to ``"off"``
+    when it uninstalls (``epl.reset``, ``epl.paused``)::
+
+        >>> coverage = MethodCoverage(tf_adapter.OPTIMIZER_BASES, "apply_gradients", wrap)
+        >>> patch = coverage.patch("graph")
+    """
+
+    def __init__(self, bases, attr, make_wrapper):
+        self._bases = tuple(bases)
+        self._attr = attr
+        self._make_wrapper = make_wrapper
+        self._wrapped = []          # (weakref to class, original function)
+        self._subclass_hooks = []   # (base, its own __init_subclass__ entry or None)
+
+    @property
+    def state(self):
+        return _ON if self._subclass_hooks or self._wrapped else _OFF
+
+    @state.setter
+    def state(self, value):
+        if value == _ON and self.state == _OFF:
+            self._switch_on()
+        elif value != _ON:
+            self._switch_off()
+
+    def patch(self, concern):
+        """The registry record that switches this coverage on and off."""
+        return Patch(concern, (self, "state"), lambda original: _ON)
+
+    def _switch_on(self):
+        for base in self._bases:
+            self.wrap_class(base)
+            for sub in tf_adapter.subclasses(base):
+                self.wrap_class(sub)
+        for base in self._bases:
+            self._subclass_hooks.append((base, base.__dict__.get("__init_subclass__")))
+            base.__init_subclass__ = self._subclass_hook(base)
+
+    def _switch_off(self):
+        for base, previous in reversed(self._subclass_hooks):
+            if previous is None:
+                del base.__init_subclass__
+            else:
+                base.__init_subclass__ = previous
+        self._subclass_hooks = []
+        for ref, original in reversed(self._wrapped):
+            cls = ref()
+            if cls is not None and _original_of(cls.__dict__.get(self._attr)) is original:
+                setattr(cls, self._attr, original)
+        self._wrapped = []
+
+    def _subclass_hook(self, base):
+        coverage = self
+        previous = base.__dict__.get("__init_subclass__")
+
+        def __init_subclass__(cls, **kwargs):  # noqa: N807 (Python's name)
+            if previous is not None:
+                previous.__get__(None, cls)(**kwargs)
+            else:
+                super(base, cls).__init_subclass__(**kwargs)
+            coverage.wrap_class(cls)
+        return classmethod(__init_subclass__)
+
+    def wrap_class(self, cls):
+        """Wrap ``cls``'s own definition of the method, if it has one (once)."""
+        function = cls.__dict__.get(self._attr)
+        if not inspect.isfunction(function) or _original_of(function) is not None:
+            return
+        wrapper = self._make_wrapper(function)
+        wrapper.__epl_original__ = function
+        setattr(cls, self._attr, wrapper)
+        self._wrapped.append((weakref.ref(cls), function))
+
+
+def _original_of(function):
+    return getattr(function, "__epl_original__", None)
 
 
 def _wrap_session_phase(original):
@@ -104,13 +219,29 @@ def _wrap_session_phase(original):
     return wrapper
 
 
+def _wrap_saver_init(original):
+    """Savers are built in the SESSION phase and remembered, so that a split model's
+    checkpoints can cover every shard (epl.ops.checkpoint)."""
+    in_phase = _wrap_session_phase(original)
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        graph = tf_adapter.get_default_graph()
+        in_phase(self, *args, **kwargs)
+        if _view(graph) is not None:
+            from epl.ops import checkpoint
+            checkpoint.remember(self, graph)
+    return __init__
+
+
 def patches(provider):
     """Graph-construction patches; ``provider`` returns the current epl.Env."""
     return [
         Patch("graph", tf_adapter.OP_CREATION, _wrap_add_op),
         Patch("graph", tf_adapter.GRADIENTS, lambda original: _wrap_gradients(original, provider)),
         Patch("graph", tf_adapter.GRADIENT_OF_OP, _wrap_gradient_of_op),
-        Patch("graph", tf_adapter.APPLY_GRADIENTS, _wrap_apply_gradients),
-        Patch("graph", tf_adapter.SAVER_INIT, _wrap_session_phase),
+        MethodCoverage(tf_adapter.OPTIMIZER_BASES, "apply_gradients",
+                       lambda original: _wrap_apply_gradients(original, provider)).patch("graph"),
+        Patch("graph", tf_adapter.SAVER_INIT, _wrap_saver_init),
         Patch("graph", tf_adapter.SCAFFOLD_FINALIZE, _wrap_session_phase),
     ]

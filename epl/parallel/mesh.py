@@ -22,7 +22,7 @@ Example::
     >>> groups = taskgraph_groups("head", "split", ((d0, d1), (d2, d3)), worker_of)
     >>> [g.name for g in groups]
     ['head/dp/shard0', 'head/dp/shard1', 'head/split/replica0', 'head/split/replica1',
-     'head/sync/shard0', 'head/sync/shard1', 'head/all']
+     'head/sync/shard0', 'head/sync/shard1', 'head/all', 'head/sync']
 """
 import collections
 
@@ -119,6 +119,7 @@ def taskgraph_groups(name, kind, devices, worker_of):
     groups += [Group("%s/sync/shard%d" % (name, j), SYNC, j, one_per_worker(shard, worker_of))
                for j, shard in enumerate(shards)]
     groups.append(Group("%s/all" % name, ALL, None, everything))
+    groups.append(Group("%s/sync" % name, SYNC, None, one_per_worker(everything, worker_of)))
     return tuple(groups)
 
 

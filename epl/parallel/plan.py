@@ -51,13 +51,18 @@ class TaskGraphPlan(collections.namedtuple(
         raise KeyError("taskgraph %r has no %s group with index %r; it has: %s" % (
             self.name, role, index, ", ".join(g.name for g in self.groups)))
 
-    def dp_group(self, position=0):
-        """Data-parallel group of the weights at ``position`` (one for replicate)."""
-        return self.group(_mesh.DP, position if self.kind == _mesh.SPLIT else None)
+    def dp_group(self, position=None):
+        """Data-parallel group of the weights of shard ``position``, or of weights every
+        device holds (``position`` None, and always for replicate TaskGraphs)."""
+        if self.kind != _mesh.SPLIT:
+            return self.group(_mesh.DP)
+        return self.group(_mesh.ALL) if position is None else self.group(_mesh.DP, position)
 
-    def sync_group(self, position=0):
-        """One device per worker among the holders of the weights at ``position``."""
-        return self.group(_mesh.SYNC, position if self.kind == _mesh.SPLIT else None)
+    def sync_group(self, position=None):
+        """One device per worker among the holders of those weights."""
+        if self.kind != _mesh.SPLIT:
+            return self.group(_mesh.SYNC)
+        return self.group(_mesh.SYNC, position)
 
     def split_group(self, replica):
         return self.group(_mesh.SPLIT_GROUP, replica)
@@ -94,8 +99,9 @@ class Plan(collections.namedtuple("Plan", [
 
     @property
     def gradient_accumulation(self):
-        """One TaskGraph accumulating ``num_micro_batch`` session runs per apply."""
-        return len(self.taskgraphs) == 1 and self.num_micro_batch > 1
+        """No pipeline stages (one TaskGraph, or colocated ones) and ``num_micro_batch``
+        session runs accumulated per apply."""
+        return not self.stages and self.num_micro_batch > 1
 
     @property
     def spmd(self):

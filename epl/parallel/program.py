@@ -18,7 +18,8 @@ class ParallelProgram(object):
         self.num_copies = num_copies
         self.groups = []        # (name, devices) of every collective group
         self.extras = {}        # user op name -> ops of the other copies
-        self.merged = {}        # user tensor name -> merged tensor
+        self.merged = {}        # user tensor name -> merged tensor (copy 0's)
+        self.merged_extras = {}  # user tensor name -> the other copies' merge ops
         self.sync_op = None     # broadcasts replica 0's variables to every copy
         self.init_check = None  # scalar bool: are the user's variables initialized?
         self.variable_copies = {}  # user variable op name -> [variable op of each copy]
@@ -32,8 +33,21 @@ class ParallelProgram(object):
         self._reach_cache = {}
 
     def add_extras(self, op_name, ops):
-        """Run ``ops`` whenever the user fetches the op named ``op_name``."""
+        """Run ``ops`` whenever the user fetches the op named ``op_name`` (or one of
+        its outputs)."""
         self.extras.setdefault(op_name, []).extend(ops)
+
+    def add_merged(self, tensor_name, merged):
+        """Fetching the user tensor ``tensor_name`` returns ``merged[0]`` and runs the
+        other copies' ``merged[1:]``.
+
+        Keyed by tensor, not by op: outputs of one op (``a, b = tf.unstack(x)``)
+        are merged by separate collectives, and a fetch of ``a`` alone must run
+        ``a``'s collective on every copy and no other's, or the copies that run
+        ``b``'s wait forever for the one that does not.
+        """
+        self.merged[tensor_name] = merged[0]
+        self.merged_extras[tensor_name] = [m.op for m in merged[1:]]
 
     @property
     def needs_sync(self):
@@ -45,8 +59,12 @@ class ParallelProgram(object):
         ``element`` is a tf.Tensor or tf.Operation from the user's fetches.
         """
         op = getattr(element, "op", element)
-        substitute = self.merged.get(getattr(element, "name", None), element)
-        return substitute, self.extras.get(op.name, ())
+        extras = self.extras.get(op.name, ())
+        if op is element:          # an operation: its outputs' merges are not fetched
+            return element, extras
+        name = element.name
+        merged = self.merged_extras.get(name)
+        return self.merged.get(name, element), (list(extras) + merged) if merged else extras
 
     def groups_reached(self, ops):
         """Names of the collective groups a run of ``ops`` executes (cached per fetch set)."""

@@ -11,9 +11,13 @@ import logging
 
 from epl import tf_adapter
 from epl.ir.phase import Phase
+from epl.parallel import step_check
 from epl.parallel.context import RewriteContext
 from epl.parallel.passes import check_order, describe
 from epl.parallel.passes.batch_split import BatchSplit
+from epl.ops.checkpoint import ShardedCheckpoints
+from epl.ops.lowering import SplitLowering
+from epl.parallel.passes.io_slicing import IOSlicing
 from epl.parallel.passes.classify import ClassifyRoles
 from epl.parallel.passes.gradients import GradientAggregation
 from epl.parallel.passes.input_order import InputOrder
@@ -30,6 +34,8 @@ from epl.ir.taskgraph import SPLIT
 LOG = logging.getLogger("epl")
 
 PASSES = (
+    IOSlicing(),
+    SplitLowering(),
     ClassifyRoles(),
     Placement(),
     MicroBatchClone(),
@@ -41,12 +47,24 @@ PASSES = (
     ScheduleLowering(),
     MergedOutputs(),
     VariableSync(),
+    ShardedCheckpoints(),
 )
 
 
 def needs_rewrite(view):
-    """A graph is parallelized once it has a training step and was not yet."""
-    if view is None or view.parallel is not None or not view.has_training_step:
+    """A graph is parallelized once it has a training step and was not yet.
+
+    Graphs EPL leaves alone (Estimator evaluation/prediction, a tf.distribute
+    strategy's step) are never rewritten; a graph with strategy scopes whose
+    training step EPL cannot see raises (see :mod:`epl.parallel.step_check`)
+    instead of training every worker serially.
+    """
+    if view is None or view.parallel is not None:
+        return False
+    if step_check.left_alone(view):
+        return False
+    if not view.has_training_step:
+        step_check.check_missing_step(view)
         return False
     if view.rewrite_error is not None:
         raise RuntimeError("EPL could not parallelize this graph earlier: %s"
@@ -91,9 +109,13 @@ def parallelize(view, config, cluster, plan=None, passes=PASSES):
 
 def _check_supported(plan, cluster):
     """Fail clearly on combinations later passes do not handle yet."""
-    if any(tg.kind == SPLIT for tg in plan.taskgraphs):
-        raise NotImplementedError("epl.split is not supported by this EPL version yet; "
-                                  "use epl.replicate")
+    split = [tg.name for tg in plan.taskgraphs if tg.kind == SPLIT]
+    if split and not plan.spmd:
+        raise NotImplementedError(
+            "epl.split TaskGraph(s) %s share model replicas with TaskGraphs on other devices "
+            "(a pipeline), which this EPL version does not support; set "
+            "cluster.colocate_split_and_replicate=True so that the split and replicate parts "
+            "use the same devices, as the documentation's examples do" % split)
     if not plan.spmd and any(tg.device_count > 1 for tg in plan.taskgraphs):
         raise NotImplementedError(
             "device_count > 1 is supported for a single TaskGraph or for TaskGraphs "

@@ -103,9 +103,20 @@ init_only: names of ops that only compute variables' initial values (copies'
 variables are initialized by EPL's broadcast, so these are never copied)."""
 
 
-def classify(view):
+def initializers_of(tf_graph, names):
+    """{variable op name: its initializer op} for the named variables."""
+    found = {}
+    for key in (tf_adapter.tf.GraphKeys.GLOBAL_VARIABLES, tf_adapter.tf.GraphKeys.LOCAL_VARIABLES):
+        for var in tf_graph.get_collection(key):
+            if var.op.name in names:
+                found[var.op.name] = var.initializer
+    return found
+
+
+def classify(view, keep_init=()):
     """Split the view's step ops into cloned and shared sets (op names).
 
+    ``keep_init`` names variables whose initializers every copy needs (shards).
     Returns :data:`Roles`.
     """
     tf_graph = view.tf_graph
@@ -113,15 +124,22 @@ def classify(view):
     shared = input_pipeline_ops(tf_graph) | step
     needed = ancestors(step_roots(view))
     init_only = ancestors(_initializers(tf_graph)) - needed
+    # Sharded variables are initialized by each copy (every shard is its own root).
+    init_only -= ancestors(initializers_of(tf_graph, keep_init).values())
+    helpers = set()
+    for spec in view.specialized.values():
+        helpers |= spec.helpers
     cloned, variables, pinned = [], [], set()
     for op in tf_graph.get_operations():
         info = view.info(op)
         if info is None or info.phase not in Phase.STEP or info.copy or info.micro_batch:
             continue
-        if op.name in shared or op.type in PLACEHOLDER_TYPES or is_summary(op):
+        specialized = op.name in view.specialized  # built per copy, whatever its type
+        if not specialized and (op.name in shared or op.type in PLACEHOLDER_TYPES
+                                or is_summary(op)):
             shared.add(op.name)
             continue
-        if op.name in init_only and not is_variable(op):
+        if (op.name in init_only and not is_variable(op)) or op.name in helpers:
             continue
         cloned.append(op)
         if "CPU" in op.device.upper():

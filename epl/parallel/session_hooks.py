@@ -8,7 +8,10 @@
   it serially).
 * ``run``/``make_callable`` swap collected tensors for their merged values
   and add the other replicas' ops, so every replica runs in every step; the
-  first run after initialization/restore broadcasts replica 0's variables.
+  first run after initialization/restore broadcasts replica 0's variables
+  (after the initializer's run, never before it: on a tf.train.Server
+  variables outlive sessions, so a second graph's variables may already look
+  initialized when its initializer starts).
 * Only worker 0 writes checkpoints and summaries.
 
 Each wrapper gets ``provider``, a function returning the current
@@ -17,11 +20,12 @@ Each wrapper gets ``provider``, a function returning the current
 import functools
 import inspect
 import logging
+import weakref
 
 from epl import tf_adapter
 from epl.cluster.session_config import session_config
 from epl.ir.graph import Graph
-from epl.parallel import rewriter
+from epl.parallel import estimator, rewriter, step_check
 from epl.parallel.hooks import Patch
 from epl.session import roles, serving
 from epl.session.runner import ensure_synced, guarded, mark_unsynced
@@ -57,10 +61,19 @@ def _device_filters(graph, env):
         return None
     view = _view(graph)
     workers = [env.cluster.worker_index]
-    if view is not None and view.taskgraphs:
+    if view is not None and view.taskgraphs and _parallel(view):
         plan = rewriter.plan_for(view, env.config, env.cluster)
         workers = plan.workers_used_by(env.cluster.worker_index)
     return ["/job:worker/task:%d" % w for w in workers]
+
+
+def _parallel(view):
+    """True if ``view``'s graph is (or will be) parallelized; graphs EPL leaves alone
+    (evaluation, prediction) reach only this worker, so their sessions never wait
+    for a peer that has finished."""
+    if view.parallel is not None:
+        return True
+    return view.has_training_step and not step_check.left_alone(view)
 
 
 def _wrap_session_init(original, provider):
@@ -102,10 +115,15 @@ def _wrap_session_run(original, provider):
         program = program_for(self.graph, provider)
         if program is None:
             return original(self, fetches, feed_dict, options, run_metadata)
-        ensure_synced(self, program, original)
         mapper, flat, count = _expand(self.graph, program, fetches)
-        values = guarded(program, _ops_of(flat),
+        ops = _ops_of(flat)
+        initializing = _initializes_variables(program, self.graph, ops)
+        if not initializing:
+            ensure_synced(self, program, original)
+        values = guarded(program, ops,
                          lambda: original(self, flat, feed_dict, options, run_metadata))
+        if initializing:
+            mark_unsynced(self)
         return mapper.build_results(values[:count])
     return run
 
@@ -119,13 +137,49 @@ def _wrap_make_callable(original, provider):
         mapper, flat, count = _expand(self.graph, program, fetches)
         inner = original(self, flat, feed_list, accept_options)
         ops = _ops_of(flat)
+        initializing = _initializes_variables(program, self.graph, ops)
 
         def call(*args, **kwargs):
-            ensure_synced(self, program, _UNWRAPPED_RUN[0])
+            if not initializing:
+                ensure_synced(self, program, _UNWRAPPED_RUN[0])
             values = guarded(program, ops, lambda: inner(*args, **kwargs))
+            if initializing:
+                mark_unsynced(self)
             return mapper.build_results(values[:count])
         return call
     return make_callable
+
+
+_INIT_OPS = weakref.WeakKeyDictionary()   # program -> (initializer names, {op name: bool})
+
+
+def _initializes_variables(program, graph, ops):
+    """True if running ``ops`` (re)initializes some of the user's variables.
+
+    The copies are synchronized *after* such a run, never before it: on a
+    tf.train.Server variables outlive sessions, so a new graph's variables can
+    already be initialized (with an earlier graph's values) when its first run,
+    the initializer, starts; a sync then would copy stale values that the
+    initializer replaces on copy 0 only (a second Estimator.train in one process).
+    """
+    if program not in _INIT_OPS:
+        names = set(program.variable_copies)
+        inits = set(v.initializer.name for key in (tf_adapter.tf.GraphKeys.GLOBAL_VARIABLES,
+                                                   tf_adapter.tf.GraphKeys.LOCAL_VARIABLES)
+                    for v in graph.get_collection(key) if v.op.name in names)
+        _INIT_OPS[program] = (inits, {})
+    inits, seen = _INIT_OPS[program]
+    return any(_reaches_initializer(op, inits, seen, 4) for op in ops)
+
+
+def _reaches_initializer(op, inits, seen, depth):
+    """``op`` is an initializer or a group (NoOp) of them, a few levels deep."""
+    if op.name in seen:
+        return seen[op.name]
+    found = op.name in inits or (depth > 0 and op.type == "NoOp" and any(
+        _reaches_initializer(c, inits, seen, depth - 1) for c in op.control_inputs))
+    seen[op.name] = found
+    return found
 
 
 def _wrap_graph_finalize(original, provider):
@@ -142,6 +196,9 @@ def _wrap_saver_save(original, provider):
         if not roles.writes_checkpoints(provider().cluster):
             LOG.debug("EPL: only worker 0 writes checkpoints; skipping save to %s", save_path)
             return None
+        from epl.ops import checkpoint
+        if checkpoint.refusal(self):
+            raise checkpoint.SplitCheckpointError(checkpoint.refusal(self))
         return original(self, sess, save_path, *args, **kwargs)
     return save
 
@@ -194,4 +251,4 @@ def patches(provider):
     ]
     for target in tf_adapter.monitored_training_session_targets():
         result.append(Patch("session", target, bind(_wrap_monitored_training_session)))
-    return result
+    return result + estimator.patches(provider)

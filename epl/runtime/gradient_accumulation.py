@@ -46,10 +46,12 @@ def _keep(pred, dtype):
     return 1 - tf.cast(pred, dtype)
 
 
-def accumulate_dense(var, local, device, pred, epl_variables):
-    """(running sum released on apply runs, op storing the running sum)."""
+def accumulate_dense(var, local, device, pred, epl_variables, shape=None):
+    """(running sum released on apply runs, op storing the running sum). ``shape`` is
+    this copy's shape of ``var`` when it differs from the user's (a shard's)."""
     with tf.device(device), tf.name_scope("EPL_GA"):
-        acc = _buffer(var.shape, local.dtype, "accumulator", epl_variables)
+        acc = _buffer(var.shape if shape is None else shape, local.dtype, "accumulator",
+                      epl_variables)
         total = acc + local
         store = tf.assign(acc, total * _keep(pred, total.dtype))
         return Released(tf_adapter.switch(total, pred)[1], store.op)

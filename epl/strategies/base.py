@@ -1,8 +1,10 @@
 """The two parallel strategies, ``replicate`` and ``split``, as scope objects.
 
-Every *entry* into a strategy scope (and every ``set_default_strategy`` call)
-opens a new segment; the ops created in a segment form one TaskGraph. Strategy
-objects carry only what the user said; device assignment happens in the plan.
+Each strategy object is one segment: the ops created under it (in every entry
+of its scope, or while it is the default) form one TaskGraph. A scope's
+TaskGraph is created with its first op; ``set_default_strategy`` creates its
+TaskGraph at once. Strategy objects carry only what the user said; device
+assignment happens in the plan.
 
 Example::
 
@@ -76,11 +78,18 @@ def split(device_count=None, name=None):
 def set_default_strategy(strategy):
     """Make ``strategy`` apply to every op created outside explicit scopes.
 
-    Each call starts a new TaskGraph, which is how the BERT tutorial defines
-    pipeline stages with repeated ``set_default_strategy(epl.replicate(1))``.
+    The seeds say it sets a default strategy *and its TaskGraph*: the TaskGraph
+    is created right away in the default graph (ops created earlier and not yet
+    in any TaskGraph join it). Each call with a new strategy object starts a new
+    TaskGraph, which is how the BERT tutorial defines pipeline stages with
+    repeated ``set_default_strategy(epl.replicate(1))``; passing the same object
+    again continues its TaskGraph.
     """
     if not isinstance(strategy, Replicate):
         raise StrategyError("set_default_strategy accepts epl.replicate(...), got %r"
                             % (strategy,))
-    _context.get_context().set_default(strategy)
+    segment = _context.get_context().set_default(strategy)
+    # Imported here: the IR view needs TensorFlow, and this package must load without it.
+    from epl.ir.graph import Graph
+    Graph.get().open_segment(segment)
     return strategy

@@ -55,6 +55,7 @@ class StrategyContext(object):
             raise StrategyError("set_default_strategy(%r) called inside the scope of %r"
                                 % (strategy, self._active.strategy))
         self._default = self._new_segment(strategy, True)
+        return self._default
 
     @property
     def current(self):

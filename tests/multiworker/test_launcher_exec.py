@@ -296,12 +296,19 @@ def _run_on_pty(argv, stdin_bytes, env, cwd, timeout=30.0):
         proc.stdin.write(stdin_bytes)
         proc.stdin.close()
         chunks, deadline = [], time.monotonic() + timeout
+        # poll, not select: in a long test run this process holds over 1024 descriptors
+        # (TF servers cannot be shut down), and select() refuses such numbers.
+        poller = select.poll()
+        poller.register(master, select.POLLIN)
         while time.monotonic() < deadline:
-            if select.select([master], [], [], 0.5)[0]:
+            if poller.poll(500):
                 try:
-                    chunks.append(os.read(master, 65536))
+                    data = os.read(master, 65536)
                 except OSError:  # EIO: every writer of the pty has exited
                     break
+                if not data:
+                    break
+                chunks.append(data)
         code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     finally:
         os.close(master)

@@ -8,9 +8,8 @@ _FIELD = dict((f.key, f) for f in FIELDS)
 NON_DEFAULT = {"gradient_checkpoint.type": "auto", "gradient_checkpoint.end_taskgraph": 2,
                "gradient_checkpoint.check_gradients": True, "zero.level": "v1",
                "offload.level": "v0", "amp.level": "O1", "amp.debug_log": True,
-               "amp.loss_scale": 128, "optimizer.num_apply_group": 3, "io.slicing": True,
-               "io.unbalanced_io_slicing": True, "io.drop_last_files": True,
-               "auto.auto_parallel": True, "pipeline.num_stages": 2}
+               "amp.loss_scale": 128, "optimizer.num_apply_group": 3, "auto.auto_parallel": True,
+               "pipeline.num_stages": 2}
 
 
 def test_defaults_are_available():

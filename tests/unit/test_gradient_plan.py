@@ -14,7 +14,7 @@ def info(name, order, nbytes=400, sparse=False, taskgraph=0, dtype="float32"):
 def plan(infos, group=TWO, micro=1, steps=1, **config):
     settings = {"communication.max_splits": 2}
     settings.update(config)
-    return gp.plan_gradients(infos, lambda tg: group, Config(settings).communication, micro,
+    return gp.plan_gradients(infos, lambda info: group, Config(settings).communication, micro,
                              steps)
 
 
@@ -55,8 +55,16 @@ def test_divisor_counts_micro_batches_and_accumulation_for_mean_only():
 def test_groups_per_taskgraph_and_dtypes_never_share_a_bucket():
     groups = {0: TWO, 1: Group("head/dp/shard0", "dp", 0, ("a", "c"))}
     infos = [info("a", 1), info("b", 2, dtype="float16"), info("h", 3, taskgraph=1)]
-    result = gp.plan_gradients(infos, groups.get, Config().communication)
+    result = gp.plan_gradients(infos, lambda info: groups[info.taskgraph], Config().communication)
     assert result.entry("h").group.name == "head/dp/shard0"
     assert result.entry("a").bucket != result.entry("b").bucket
     text = str(result)
     assert "a: all_reduce bucket 0 over tg/dp (mean)" in text
+
+
+def test_shards_are_averaged_over_replicas_and_divided_by_the_shard_count():
+    shard_group = Group("head/dp/shard1", "dp", 1, ("b", "f"))
+    result = gp.plan_gradients([info("w", 1)], lambda i: (shard_group, 4),
+                               Config().communication, 2, 1)
+    entry = result.entry("w")
+    assert entry.divisor == 8 and entry.mean and entry.group is shard_group

@@ -37,7 +37,7 @@ def test_split_taskgraph_on_two_workers_with_four_devices():
         "head/dp/shard0", "head/dp/shard1", "head/dp/shard2", "head/dp/shard3",
         "head/split/replica0", "head/split/replica1",
         "head/sync/shard0", "head/sync/shard1", "head/sync/shard2", "head/sync/shard3",
-        "head/all"]
+        "head/all", "head/sync"]
     text = str(plan)
     assert "head/dp/shard3: 2 device(s)" in text and "hosts: 2 device(s)" in text
 

@@ -14,4 +14,4 @@ class ClassifyRoles(Pass):
     writes = ("roles",)
 
     def run(self, ctx):
-        ctx.roles = classify(ctx.view)
+        ctx.roles = classify(ctx.view, keep_init=ctx.sharded_variables)

@@ -26,6 +26,7 @@ from epl.communicators.reducer import GradientReducer
 from epl.communicators.sparse import SparseReducer
 from epl.ir.phase import Phase
 from epl.ir.traverse import control_flow_interior
+from epl.ops.shards import shard_shape
 from epl.parallel import gradient_plan as gp
 from epl.parallel.context import GRADIENTS
 from epl.parallel.passes import LOWER, Pass
@@ -80,7 +81,9 @@ def _info(ctx, item):
     producer = raw.values.op if isinstance(raw, tf.IndexedSlices) else raw.op
     sparse = isinstance(item.grad, tf.IndexedSlices)
     nbytes = 0
-    if not sparse:
+    if not sparse and item.var.op.name in ctx.sharded_variables:
+        nbytes = None  # a shard's width is known per copy only: reduced unfused
+    elif not sparse:
         if not item.grad.shape.is_fully_defined():
             raise ValueError("gradient fusion needs static shapes; the gradient of %s has "
                              "shape %s" % (item.var.op.name, item.grad.shape))
@@ -93,8 +96,15 @@ def copy_plan(ctx, items, copy):
     """The gradient plan of local copy ``copy``."""
     infos = [_info(ctx, item) for item in items.values()]
     steps = ctx.plan.num_micro_batch if ctx.plan.gradient_accumulation else 1
-    return gp.plan_gradients(infos, lambda taskgraph: ctx.dp_group(taskgraph, copy),
-                             ctx.config.communication, ctx.num_micro_batch, steps)
+
+    def group_of(info):
+        var_op = ctx.tf_graph.get_operation_by_name(info.name)
+        group = ctx.dp_group(var_op, copy)
+        shard = ctx.sharded_variables.get(info.name)
+        return group if shard is None else (group, shard.width)
+
+    return gp.plan_gradients(infos, group_of, ctx.config.communication, ctx.num_micro_batch,
+                             steps)
 
 
 def _lower(ctx, items, plan, copy, gate):
@@ -103,7 +113,7 @@ def _lower(ctx, items, plan, copy, gate):
         item = items[entry.name]
         device = ctx.device(ctx.taskgraph_of(item.var.op), copy)
         local = _divide(_accumulate(_local_sum(ctx, item, copy, device), item, entry, device,
-                                    gate, ctx), entry, device)
+                                    gate, ctx, copy), entry, device)
         results[entry.name] = (local, device)
     for entries in _by_group(plan).values():
         _reduce_dense(ctx, [e for e in entries if e.reduction == gp.ALL_REDUCE], results)
@@ -149,17 +159,27 @@ def _local_sum(ctx, item, copy, device):
 
 
 # ---- step 2: gradient accumulation -------------------------------------------------
-def _accumulate(local, item, entry, device, gate, ctx):
+def _accumulate(local, item, entry, device, gate, ctx, copy):
     """Released (alive) only on apply runs; ``store`` keeps the running sum."""
     if not entry.accumulate:
         return local
     if local.indices is None:
-        released = ga.accumulate_dense(item.var, local.value, device, gate, ctx.epl_variables)
+        released = ga.accumulate_dense(item.var, local.value, device, gate, ctx.epl_variables,
+                                       _copy_shape(ctx, item.var.op, copy))
         return Local(released.value, None, released.store)
     released = ga.accumulate_sparse(item.var, local.value, local.indices, device, gate,
                                     ctx.epl_variables)
     # A dense sum plus touch counts; the indices dtype rides along in ``indices``.
     return Local((released.dense, released.touched), local.indices, released.store)
+
+
+def _copy_shape(ctx, var_op, copy):
+    """The static shape of ``copy``'s instance of ``var_op`` (a shard's own width)."""
+    info = ctx.sharded_variables.get(var_op.name)
+    position = ctx.weight_position(var_op, copy)
+    if info is None or position is None:
+        return None
+    return shard_shape(info.full_shape, info.axis, info.width, position)
 
 
 # ---- step 3: divide ----------------------------------------------------------------
@@ -183,7 +203,13 @@ def _reducer(ctx, group, mean):
 
 
 def _reduce_dense(ctx, entries, results):
-    """All-reduce one group's dense gradients in the plan's buckets."""
+    """All-reduce one group's dense gradients in the plan's buckets (unfused ones alone)."""
+    for entry in [e for e in entries if e.bucket is None]:
+        local, device = results[entry.name]
+        comm = ctx.communicator(entry.group, GRADIENTS)
+        value = comm.all_reduce(local.value, device, "grad/" + entry.name, mean=entry.mean)
+        results[entry.name] = (local._replace(value=value), device)
+    entries = [e for e in entries if e.bucket is not None]
     if not entries:
         return
     tensors = [results[e.name][0].value for e in entries]

@@ -32,8 +32,9 @@ class MicroBatchClone(Pass):
         specialized = dict((op.name, ctx.view.specialized[op.name]) for op in sources
                            if op.name in ctx.view.specialized)
         cloner = Cloner(ctx.tf_graph, sources, dict(
-            (name, lambda tag, inputs, build=build: build(tag[0], tag[1], inputs))
-            for name, build in specialized.items()))
+            (name, (lambda tag, inputs, build=spec.builder: build(tag[0], tag[1], inputs),
+                    spec.inputs))
+            for name, spec in specialized.items()))
         for micro_batch in range(1, ctx.num_micro_batch):
             result = cloner.clone(MICRO_BATCH_PREFIX % micro_batch,
                                   device_of=lambda src: src.device, tag=(0, micro_batch))

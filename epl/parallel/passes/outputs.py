@@ -30,7 +30,7 @@ class MergedOutputs(Pass):
     name = "merged_outputs"
     phase = LOWER
     reads = ("IR collections", "copies", "instances", "plan groups")
-    writes = ("program.merged", "program.extras", "summary rewiring")
+    writes = ("program.merged", "program.merged_extras", "summary rewiring")
 
     def applies(self, ctx):
         return any(ctx.view.collections.values())
@@ -57,8 +57,7 @@ class MergedOutputs(Pass):
                                            reduction)
                           for copy, value in enumerate(local)]
             if merged[0] is not tensor:
-                ctx.program.merged[tensor.name] = merged[0]
-                ctx.program.add_extras(tensor.op.name, [m.op for m in merged[1:]])
+                ctx.program.add_merged(tensor.name, merged)
             self._rewire_summaries(ctx, tensor, local, reduction, scope)
 
     @staticmethod

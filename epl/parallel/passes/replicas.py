@@ -35,10 +35,12 @@ class ReplicaClone(Pass):
         specialized = {}
         for source in sources:
             user_op, micro_batch = user_of[source.name]
-            build = ctx.view.specialized.get(user_op.name)
-            if build is not None:
+            spec = ctx.view.specialized.get(user_op.name)
+            if spec is not None:
+                inputs = [ctx.tensor_instance(t, 0, micro_batch) for t in spec.inputs]
                 specialized[source.name] = (
-                    lambda tag, inputs, build=build, m=micro_batch: build(tag, m, inputs))
+                    lambda tag, inputs, build=spec.builder, m=micro_batch: build(tag, m, inputs),
+                    inputs)
         cloner = Cloner(ctx.tf_graph, sources, specialized)
         for copy in range(1, len(ctx.copies)):
             result = cloner.clone(

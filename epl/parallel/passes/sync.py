@@ -1,7 +1,9 @@
 """Make every copy's variables equal to replica 0's before the first step."""
 from epl import tf_adapter
 from epl.parallel.context import SYNC
+from epl.ops.shards import shard_shape
 from epl.parallel.passes import LOWER, Pass
+from epl.parallel.roles import initializers_of
 from epl.tf_adapter import tf
 
 
@@ -22,6 +24,7 @@ class VariableSync(Pass):
     writes = ("program.sync_op", "program.init_check")
 
     def run(self, ctx):
+        chain_shard_initializers(ctx)
         ops = []
         for var_op in ctx.roles.variables:
             ops.extend(self._broadcast_variable(ctx, var_op))
@@ -54,12 +57,13 @@ class VariableSync(Pass):
         tg_plan = ctx.plan.taskgraphs[taskgraph]
         holders = {}
         for copy in range(len(ctx.copies)):
-            holders.setdefault(ctx.weight_position(taskgraph, copy), []).append(copy)
+            holders.setdefault(ctx.weight_position(var_op, copy), []).append(copy)
         ops = []
-        for position, copies in sorted(holders.items()):
+        for position, copies in sorted(holders.items(), key=lambda item: (item[0] is not None,
+                                                                          item[0])):
             group = tg_plan.sync_group(position)
             leader = copies[0]
-            source, leader_ops = _leader_value(ctx, var_op, taskgraph, leader, group)
+            source, leader_ops = _leader_value(ctx, var_op, taskgraph, leader, group, position)
             ops += leader_ops
             for copy in copies[1:]:
                 with tf.device(ctx.device(taskgraph, copy)), tf.name_scope("EPL_SYNC"):
@@ -83,7 +87,26 @@ class VariableSync(Pass):
             return [tf_adapter.assign_variable(step.op, value)]
 
 
-def _leader_value(ctx, var_op, taskgraph, leader, group):
+def chain_shard_initializers(ctx):
+    """Running a sharded variable's initializer (copy 0's, as the user's init op does)
+    also runs every local copy's own initializer: each shard's initial value is its
+    slice, which no broadcast can provide. Tied to the user's initialization (not to
+    EPL's broadcast, which also follows restores), a seeded random initializer is
+    drawn exactly once per copy, as in the unsplit model."""
+    for name in ctx.sharded_variables:
+        first = _instance_initializer(ctx, name, 0)
+        if first is None:
+            continue
+        others = [_instance_initializer(ctx, name, copy) for copy in range(1, len(ctx.copies))]
+        tf_adapter.add_control_inputs(first, [op for op in others if op is not None])
+
+
+def _instance_initializer(ctx, name, copy):
+    init = initializers_of(ctx.tf_graph, [name]).get(name)
+    return None if init is None else ctx.instance(init, copy)
+
+
+def _leader_value(ctx, var_op, taskgraph, leader, group, position):
     """(value the leader copy ends with, ops): the root sends, other workers receive."""
     var = ctx.instance(var_op, leader)
     device = ctx.device(taskgraph, leader)
@@ -91,7 +114,7 @@ def _leader_value(ctx, var_op, taskgraph, leader, group):
         source = tf_adapter.read_variable(var)
         if group.size == 1:
             return source, []
-        shape = tf_adapter.variable_shape(var_op)
+        shape = _shape(ctx, var_op, position)
         if not shape.is_fully_defined():
             raise ValueError("EPL needs a fully defined shape to broadcast variable %s, got %s"
                              % (var_op.name, shape))
@@ -101,3 +124,11 @@ def _leader_value(ctx, var_op, taskgraph, leader, group):
         value = comm.broadcast_recv(shape, tf_adapter.variable_dtype(var_op), device,
                                     "var/" + var_op.name)
         return value, [tf_adapter.assign_variable(var, value)]
+
+
+def _shape(ctx, var_op, position):
+    """Static shape of the leader's instance of ``var_op`` (a shard's own shape)."""
+    info = ctx.sharded_variables.get(var_op.name)
+    if info is not None and position is not None:
+        return tf.TensorShape(shard_shape(info.full_shape, info.axis, info.width, position))
+    return tf_adapter.variable_shape(var_op)

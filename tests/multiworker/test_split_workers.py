@@ -1,0 +1,50 @@
+"""Split across workers: one model replica spans several workers (in-process servers).
+
+Beyond the original EPL (one device per worker only): 2 workers x 1 device, 2 x 2 and
+4 x 1, each worker feeding its own devices, end like the unsplit model.
+"""
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import epl
+from eplutil import MEASURED, copy_values, run_workers, worker_rows
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "graph"))
+from test_split import STEPS, _data, _dataset, _model, _serial  # noqa: E402
+
+
+@pytest.mark.parametrize("workers,devices,classes", [(2, 1, 7), (2, 2, 10), (4, 1, 13)])
+def test_split_spanning_workers_matches_unsplit(workers, devices, classes):
+    per_worker = 2 * devices
+    ref_curve, ref = _serial(classes, workers * per_worker)
+    x, y = _data(workers * per_worker * STEPS, classes)
+    width = workers * devices
+
+    def worker(index):
+        rows_x = worker_rows(x, STEPS, workers, per_worker, index)
+        rows_y = worker_rows(y, STEPS, workers, per_worker, index)
+        loss, _ = _model(*_dataset(rows_x, rows_y, per_worker), classes,
+                         epl.replicate(width), epl.split(width))
+        train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            curve = [sess.run([loss, train])[0] for _ in range(STEPS)]
+            return curve, dict((n, copy_values(sess, n)) for n in
+                               ("backbone/kernel", "classifier/kernel", "classifier/bias"))
+
+    config = epl.Config({"cluster.colocate_split_and_replicate": True})
+    results = run_workers(worker, workers, devices, config, timeout=240)
+    kernel = np.concatenate([k for _, c in results for k in c["classifier/kernel"]], axis=1)
+    bias = np.concatenate([b for _, c in results for b in c["classifier/bias"]], axis=0)
+    worst = max(float(np.abs(kernel - ref["classifier/kernel"]).max()),
+                float(np.abs(bias - ref["classifier/bias"]).max()))
+    for curve, copies in results:
+        np.testing.assert_allclose(curve, [c[0] for c in ref_curve], rtol=1e-5)
+        worst = max([worst] + [float(np.abs(k - ref["backbone/kernel"]).max())
+                               for k in copies["backbone/kernel"]])
+    MEASURED.append((os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0], worst))
+    assert worst < 2e-5

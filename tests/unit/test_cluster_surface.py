@@ -1,0 +1,93 @@
+"""The original EPL's Cluster surface: constructor keywords, attributes, visible devices."""
+import pytest
+
+import epl.cluster as cluster_module
+from epl.cluster import Cluster, ClusterError, VirtualDevice, local_devices
+from epl.cluster.session_config import session_config
+from epl.config import Config
+
+HOSTS = ["10.0.0.1:2222", "10.0.0.1:2223", "10.0.0.2:2222"]
+
+
+def test_original_keywords():
+    cluster = Cluster(worker_hosts=HOSTS[:2], ps_hosts=HOSTS[2:], job_name="worker",
+                      worker_index=1, layout="auto", devices_per_worker=2)
+    assert cluster.hosts == HOSTS and cluster.worker_num == 3 and cluster.worker_index == 1
+    ps = Cluster(worker_hosts=HOSTS[:2], ps_hosts=HOSTS[2:], job_name="ps", worker_index=0,
+                 devices_per_worker=1)
+    assert ps.worker_index == 2   # ps hosts are workers after the others
+    assert Cluster(worker_hosts=",".join(HOSTS), devices_per_worker=1).hosts == HOSTS
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"layout": "all"}, "colocate_split_and_replicate"),
+    ({"layout": {"specific": [[0]]}}, "only layout=None or 'auto'"),
+    ({"layout": {"aware_row": 2}}, "not supported"),
+    ({"job_name": "chief"}, "job_name='chief'"),
+    ({"job_name": "ps", "ps_hosts": ["p:1"], "worker_index": 1}, "1 ps host"),
+    ({"worker_index": "0"}, "worker_index must be an integer"),
+    ({"worker_hosts": ["a:1", 3]}, "host:port strings"),
+])
+def test_refused_keywords(kwargs, match):
+    args = dict(worker_hosts=["a:1"], devices_per_worker=1)
+    args.update(kwargs)
+    with pytest.raises(ClusterError, match=match):
+        Cluster(**args)
+
+
+def test_attributes_of_the_original():
+    cluster = Cluster(HOSTS, 2, 2, "CPU")
+    assert cluster.available_devices == ["/job:worker/replica:0/task:2/device:CPU:0",
+                                         "/job:worker/replica:0/task:2/device:CPU:1"]
+    assert cluster.gpu_num_per_worker == 2 and cluster.total_gpu_num == 6
+    assert cluster.current_worker_cpu() == "/job:worker/replica:0/task:2/device:CPU:0"
+    assert cluster.current_worker_chief_gpu() == "/job:worker/replica:0/task:2/device:CPU:0"
+    assert cluster.cluster_spec == {"worker": HOSTS}
+    assert cluster.cluster_spec() == {"worker": HOSTS}      # callable, as EPL used it
+    assert cluster.cluster_spec.as_dict() == {"worker": HOSTS}
+    assert [Cluster(HOSTS, i, 1).get_local_rank() for i in range(3)] == [0, 1, 0]
+    assert Cluster(devices_per_worker=1).get_local_rank() == 0
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(cluster_module, "_physical_gpu_count", lambda: 0)
+
+
+def test_devices_are_discovered_when_not_given(monkeypatch, no_gpu):
+    monkeypatch.setenv("EPL_NUM_VIRTUAL_DEVICES", "3")
+    cluster = Cluster(worker_hosts=["a:1", "b:2"], worker_index=1)
+    assert (cluster.gpu_num_per_worker, cluster.device_type) == (3, "CPU")
+
+
+def test_run_visible_devices_selects_virtual_devices(no_gpu):
+    assert local_devices("1,2", {"EPL_NUM_VIRTUAL_DEVICES": "4"}) == (2, "CPU")
+    assert local_devices("", {"EPL_NUM_VIRTUAL_DEVICES": "4"}) == (4, "CPU")
+    cluster = Cluster.from_environment(Config({"cluster.run_visible_devices": "3,0"}),
+                                       {"EPL_NUM_VIRTUAL_DEVICES": "4"})
+    assert cluster.gpu_num_per_worker == 2 and cluster.run_visible_devices == "3,0"
+    # Renumbered from 0, as TF does for GPUs; the session creates exactly 2 devices.
+    assert cluster.available_devices[-1].endswith("device:CPU:1")
+    assert session_config(cluster).device_count["CPU"] == 2
+    with pytest.raises(ClusterError, match=r"names device\(s\) \[4\], but this worker has 4 "
+                                           r"virtual CPU device\(s\)"):
+        local_devices("1,4", {"EPL_NUM_VIRTUAL_DEVICES": "4"})
+    with pytest.raises(ClusterError, match="distinct device indices"):
+        local_devices("1,1", {"EPL_NUM_VIRTUAL_DEVICES": "4"})
+
+
+def test_run_visible_devices_on_gpus(monkeypatch):
+    monkeypatch.setattr(cluster_module, "_physical_gpu_count", lambda: 4)
+    assert local_devices("1,2", {"EPL_NUM_VIRTUAL_DEVICES": "8"}) == (2, "GPU")
+    assert local_devices("", {}) == (4, "GPU")
+    with pytest.raises(ClusterError, match=r"GPU\(s\) \[5\], but this worker has 4 GPU"):
+        local_devices("5", {})
+    cluster = Cluster(devices_per_worker=2, device_type="GPU", run_visible_devices="1, 2")
+    assert session_config(cluster).gpu_options.visible_device_list == "1,2"
+
+
+def test_virtual_device_record():
+    devices = (("d0", "d1"), ("d2", "d3"))
+    device = VirtualDevice(0, "stage_0", devices, ("d0", "d1"))
+    assert device.num_replicas == 2 and device.all_devices == ("d0", "d1", "d2", "d3")
+    assert device.slice_devices == devices
