@@ -20,6 +20,7 @@ from epl.ir.phase import Phase
 from epl.ir.records import ApplyCall, GradientCall, as_list
 from epl.parallel import step_check
 from epl.parallel.hooks import Patch
+from epl.runtime import build_time
 from epl.strategies.context import get_context
 
 
@@ -51,7 +52,7 @@ def _wrap_gradients(original, provider):
             return original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         with view.phase_scope(Phase.BACKWARD):
-            grads = original(*bound.args, **bound.kwargs)
+            grads = build_time.gradients(view, provider().config, original, bound)
             if provider().config.communication.sparse_as_dense:
                 grads = [_densify(g) for g in grads]
         view.gradient_calls.append(GradientCall(
@@ -112,7 +113,7 @@ def _wrap_apply_gradients(original, provider):
             self, [(g, v) for g, v in pairs if g is not None],
             bound.arguments.get("global_step"), bound.arguments.get("name")))
         with view.phase_scope(Phase.APPLY):
-            return original(*bound.args, **bound.kwargs)
+            return build_time.apply(view, provider().config, original, bound)
     return apply_gradients
 
 

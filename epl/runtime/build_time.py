@@ -1,0 +1,54 @@
+"""Where memory savers hook into the two calls that make a training step.
+
+``tf.gradients`` and ``optimizer.apply_gradients`` reach EPL through its hooks
+(epl/parallel/graph_hooks.py), which call :func:`gradients` and :func:`apply`
+here. Each saver that must act while the user builds the step is a module with
+``applies(config)`` and ``wrap_gradients(compute, view, config)`` and/or
+``wrap_apply(call, view, config)``: it receives the next step of the chain
+(``compute(bound)`` / ``call(bound)``, ``bound`` being the call's
+``inspect.BoundArguments``) and returns its own. Modules are imported only when
+their keys are set, so an unused saver costs nothing.
+
+Order (outermost first): AMP scales the loss around everything else; gradient
+checkpointing replaces how gradients are computed; grouped apply splits the
+optimizer's update.
+"""
+import importlib
+
+GRADIENT_SAVERS = ("epl.runtime.amp", "epl.runtime.gradient_checkpoint")
+APPLY_SAVERS = ("epl.runtime.amp", "epl.runtime.grouped_apply")
+
+
+def _active(names, config, attribute):
+    modules = []
+    for name in names:
+        module = importlib.import_module(name)
+        if module.applies(config) and hasattr(module, attribute):
+            modules.append(module)
+    return modules
+
+
+def _needed(config):
+    """Any saver key set? (keeps the common case from importing anything)."""
+    return bool(config.amp.level or config.gradient_checkpoint.type
+                or config.optimizer.num_apply_group > 1)
+
+
+def gradients(view, config, original, bound):
+    """``tf.gradients`` for ``bound`` with every active saver's wrapping."""
+    def compute(arguments):
+        return original(*arguments.args, **arguments.kwargs)
+    if _needed(config):
+        for module in reversed(_active(GRADIENT_SAVERS, config, "wrap_gradients")):
+            compute = module.wrap_gradients(compute, view, config)
+    return compute(bound)
+
+
+def apply(view, config, original, bound):
+    """``apply_gradients`` for ``bound`` with every active saver's wrapping."""
+    def call(arguments):
+        return original(*arguments.args, **arguments.kwargs)
+    if _needed(config):
+        for module in reversed(_active(APPLY_SAVERS, config, "wrap_apply")):
+            call = module.wrap_apply(call, view, config)
+    return call(bound)
