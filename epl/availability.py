@@ -14,7 +14,6 @@ NOT_BUILT = {
     "gradient_checkpoint.type": "gradient checkpointing",
     "gradient_checkpoint.end_taskgraph": "gradient checkpointing",
     "gradient_checkpoint.check_gradients": "gradient checkpointing",
-    "zero.level": "ZeRO",
     "offload.level": "offload",
     "amp.level": "automatic mixed precision",
     "amp.debug_log": "automatic mixed precision",

@@ -37,6 +37,8 @@ def initial_weights(seed=1):
 def optimizer(name="momentum"):
     if name == "adam":
         return tf.train.AdamOptimizer(0.01)
+    if name == "adam_eps":  # see tests/realmodels.py on Adam's epsilon and summation order
+        return tf.train.AdamOptimizer(0.01, epsilon=1e-4)
     if name == "sgd":
         return tf.train.GradientDescentOptimizer(0.1)
     return tf.train.MomentumOptimizer(0.1, 0.9)

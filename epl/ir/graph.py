@@ -64,10 +64,13 @@ class Graph(object):
         self.apply_calls = []           # ApplyCall per optimizer.apply_gradients call
         self.collections = dict((key, []) for key in GraphKeys.ALL)
         self.specialized = {}           # op name -> builder(copy, micro_batch, inputs) -> op
+        self.zero = None                # ZeroRecord (epl.runtime.zero) once ZeRO applied
         self.sharded_variables = {}     # variable op name -> ShardInfo (epl.ops)
         self.layer_collectives = []     # collectives split layers asked for (epl.ops)
         self.parallel = None            # the rewrite's result, once it has run
         self.rewrite_error = None       # why the rewrite failed, if it did
+        self.gradient_sources = {}      # backward op name -> name of the forward op it differentiates
+        self.auto_partition = None      # epl.parallel.partition.Partition of auto.auto_parallel
         self._segment_taskgraph = {}
         self._unassigned = []
         self._phases = [Phase.FORWARD]
@@ -217,6 +220,7 @@ class Graph(object):
             if phase == Phase.FORWARD:
                 taskgraph = self._taskgraph_for_segment(segment)
         elif phase == Phase.BACKWARD and self._gradient_of:
+            self.gradient_sources[op.name] = self._gradient_of[-1].name
             forward = self.op_info.get(self._gradient_of[-1].name)
             taskgraph = forward.taskgraph if forward is not None else None
         info = OpInfo(taskgraph, phase)
@@ -275,6 +279,38 @@ class Graph(object):
             self.op_info[name].taskgraph = taskgraph.index
         taskgraph.op_names.extend(pending)
         return taskgraph.index
+
+    def add_taskgraph(self, strategy):
+        """Append an empty TaskGraph for ``strategy`` and return its index.
+
+        For model passes that define TaskGraphs themselves (automatic pipeline
+        stages); fill it with :meth:`move_ops`."""
+        if self.parallel is not None:
+            raise RuntimeError("TaskGraphs cannot be added after the rewrite")
+        taskgraph = TaskGraph(len(self.taskgraphs), strategy, graph=self)
+        self.taskgraphs.append(taskgraph)
+        self.plan_cache = None
+        return taskgraph.index
+
+    def move_ops(self, assignment):
+        """Move ops to other TaskGraphs before planning.
+
+        ``assignment`` maps op names to TaskGraph indices; the op records and the
+        TaskGraphs' op lists change together. TaskGraphs left empty are dropped by
+        :meth:`compact`."""
+        if self.parallel is not None:
+            raise RuntimeError("ops cannot move between TaskGraphs after the rewrite")
+        moved = dict((name, index) for name, index in assignment.items()
+                     if self.op_info[name].taskgraph != index)
+        if not moved:
+            return
+        for taskgraph in self.taskgraphs:
+            taskgraph.op_names = [n for n in taskgraph.op_names if n not in moved]
+        self._unassigned = [n for n in self._unassigned if n not in moved]
+        for name, index in moved.items():
+            self.op_info[name].taskgraph = index
+            self.taskgraphs[index].op_names.append(name)
+        self.plan_cache = None
 
     def ensure_taskgraph(self):
         """Prepare the TaskGraphs for planning (called before every plan).

@@ -16,15 +16,16 @@ Reductions:
   densely once per apply (replicas touch different rows);
 * ``local``: a group of one device, nothing to communicate.
 
-Later savers add kinds (ZeRO: ``reduce_scatter`` to an ``owner``).
+* ``reduce_scatter``: ZeRO v1, one buffer laid out by ``owner``; each member
+  receives only its own variables' reduced gradients.
 """
 import collections
 
 from epl.communicators.fusion import plan_buckets
 from epl.parallel.mesh import Group
 
-ALL_REDUCE, ALL_GATHER, ACCUMULATED_SPARSE, LOCAL = (
-    "all_reduce", "all_gather", "accumulated_sparse", "local")
+ALL_REDUCE, ALL_GATHER, ACCUMULATED_SPARSE, LOCAL, REDUCE_SCATTER = (
+    "all_reduce", "all_gather", "accumulated_sparse", "local", "reduce_scatter")
 
 GradientInfo = collections.namedtuple(
     "GradientInfo", ["name", "taskgraph", "sparse", "nbytes", "dtype", "order"])
@@ -82,7 +83,8 @@ class GradientPlan(collections.namedtuple("GradientPlan", ["entries"])):
         return "\n".join(str(entry) for entry in self.entries)
 
 
-def plan_gradients(infos, group_of, comm_config, micro_batches=1, accumulation_steps=1):
+def plan_gradients(infos, group_of, comm_config, micro_batches=1, accumulation_steps=1,
+                   owner_of=None):
     """The gradient plan of one copy.
 
     Args:
@@ -95,6 +97,8 @@ def plan_gradients(infos, group_of, comm_config, micro_batches=1, accumulation_s
       comm_config: the ``communication`` config section.
       micro_batches: pipeline micro-batches summed before the reduction.
       accumulation_steps: runs accumulated per apply (gradient accumulation).
+      owner_of: ZeRO v1 {variable name: owner rank}: dense gradients are reduce-scattered
+        to their owners instead of all-reduced.
     """
     mean = comm_config.gradients_reduce_method == "mean"
     accumulate = accumulation_steps > 1
@@ -110,6 +114,10 @@ def plan_gradients(infos, group_of, comm_config, micro_batches=1, accumulation_s
         for info in (i for i in members if not i.sparse and i.nbytes is None):
             entries.append(Entry(info.name, group, None, ALL_REDUCE if group.size > 1 else LOCAL,
                                  accumulate, divisor, collective_mean, None))
+        if owner_of is not None and group.size > 1:
+            entries += [Entry(i.name, group, 0, REDUCE_SCATTER, accumulate, divisor,
+                              collective_mean, owner_of[i.name]) for i in dense]
+            dense = []
         for info, bucket in zip(dense, _bucket_of(dense, comm_config.max_splits)):
             reduction = ALL_REDUCE if group.size > 1 else LOCAL
             entries.append(Entry(info.name, group, bucket if group.size > 1 else None,

@@ -17,6 +17,7 @@ from epl.parallel.passes import check_order, describe
 from epl.parallel.passes.batch_split import BatchSplit
 from epl.ops.checkpoint import ShardedCheckpoints
 from epl.ops.lowering import SplitLowering
+from epl.runtime.zero import ZeroSync
 from epl.parallel.passes.io_slicing import IOSlicing
 from epl.parallel.passes.classify import ClassifyRoles
 from epl.parallel.passes.gradients import GradientAggregation
@@ -43,6 +44,7 @@ PASSES = (
     BatchSplit(),
     InputOrder(),
     GradientAggregation(),
+    ZeroSync(),
     SharedStepDependencies(),
     ScheduleLowering(),
     MergedOutputs(),

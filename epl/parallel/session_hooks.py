@@ -199,8 +199,20 @@ def _wrap_saver_save(original, provider):
         from epl.ops import checkpoint
         if checkpoint.refusal(self):
             raise checkpoint.SplitCheckpointError(checkpoint.refusal(self))
+        _refuse_zero_save(self, sess)
         return original(self, sess, save_path, *args, **kwargs)
     return save
+
+
+def _refuse_zero_save(saver, sess):
+    """ZeRO keeps slots on their owners only: a checkpoint of them would be partial."""
+    view = Graph.get(sess.graph, create=False)
+    if getattr(view, "zero", None) is None:
+        return
+    from epl.runtime import zero
+    reason = zero.checkpoint_refusal(view, saver)
+    if reason:
+        raise zero.ZeroError(reason)
 
 
 def _wrap_saver_restore(original, provider):

@@ -11,17 +11,26 @@ their keys are set, so an unused saver costs nothing.
 
 Order (outermost first): AMP scales the loss around everything else; gradient
 checkpointing replaces how gradients are computed; grouped apply splits the
-optimizer's update.
+optimizer's update; ZeRO gives it only this worker's variables.
 """
 import importlib
 
+# (module, is its key set?) in order, outermost first
+_KEYS = {
+    "epl.runtime.amp": lambda config: bool(config.amp.level),
+    "epl.runtime.gradient_checkpoint": lambda config: bool(config.gradient_checkpoint.type),
+    "epl.runtime.grouped_apply": lambda config: config.optimizer.num_apply_group > 1,
+    "epl.runtime.zero": lambda config: bool(config.zero.level),
+}
 GRADIENT_SAVERS = ("epl.runtime.amp", "epl.runtime.gradient_checkpoint")
-APPLY_SAVERS = ("epl.runtime.amp", "epl.runtime.grouped_apply")
+APPLY_SAVERS = ("epl.runtime.amp", "epl.runtime.grouped_apply", "epl.runtime.zero")
 
 
 def _active(names, config, attribute):
     modules = []
     for name in names:
+        if not _KEYS[name](config):
+            continue
         module = importlib.import_module(name)
         if module.applies(config) and hasattr(module, attribute):
             modules.append(module)
@@ -30,8 +39,7 @@ def _active(names, config, attribute):
 
 def _needed(config):
     """Any saver key set? (keeps the common case from importing anything)."""
-    return bool(config.amp.level or config.gradient_checkpoint.type
-                or config.optimizer.num_apply_group > 1)
+    return any(is_set(config) for is_set in _KEYS.values())
 
 
 def gradients(view, config, original, bound):

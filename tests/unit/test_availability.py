@@ -6,7 +6,7 @@ from epl.config import FIELDS, Config, ConfigError
 
 _FIELD = dict((f.key, f) for f in FIELDS)
 NON_DEFAULT = {"gradient_checkpoint.type": "auto", "gradient_checkpoint.end_taskgraph": 2,
-               "gradient_checkpoint.check_gradients": True, "zero.level": "v1",
+               "gradient_checkpoint.check_gradients": True,
                "offload.level": "v0", "amp.level": "O1", "amp.debug_log": True,
                "amp.loss_scale": 128, "optimizer.num_apply_group": 3, "auto.auto_parallel": True,
                "pipeline.num_stages": 2}
@@ -28,8 +28,9 @@ def test_each_unbuilt_key_is_refused_with_its_name_value_and_default(key):
 
 
 def test_environment_overrides_are_refused_too(monkeypatch):
-    monkeypatch.setenv("EPL_ZERO_LEVEL", "v1")
-    with pytest.raises(ConfigError, match=r"zero.level = 'v1' \(ZeRO; source: env EPL_ZERO_LEVEL"):
+    monkeypatch.setenv("EPL_OFFLOAD_LEVEL", "v0")
+    with pytest.raises(ConfigError, match=r"offload.level = 'v0' \(offload; source: env "
+                                          r"EPL_OFFLOAD_LEVEL"):
         check_available(Config())
 
 

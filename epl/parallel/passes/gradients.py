@@ -103,8 +103,10 @@ def copy_plan(ctx, items, copy):
         shard = ctx.sharded_variables.get(info.name)
         return group if shard is None else (group, shard.width)
 
+    zero = ctx.view.zero
+    owner_of = zero.owner_of if zero is not None and zero.level == "v1" else None
     return gp.plan_gradients(infos, group_of, ctx.config.communication, ctx.num_micro_batch,
-                             steps)
+                             steps, owner_of)
 
 
 def _lower(ctx, items, plan, copy, gate):
@@ -117,6 +119,7 @@ def _lower(ctx, items, plan, copy, gate):
         results[entry.name] = (local, device)
     for entries in _by_group(plan).values():
         _reduce_dense(ctx, [e for e in entries if e.reduction == gp.ALL_REDUCE], results)
+        _reduce_scatter(ctx, [e for e in entries if e.reduction == gp.REDUCE_SCATTER], results)
     for entry in plan.entries:
         if entry.reduction in (gp.ALL_GATHER, gp.ACCUMULATED_SPARSE):
             results[entry.name] = (_reduce_sparse(ctx, entry, *results[entry.name]),
@@ -222,6 +225,37 @@ def _reduce_dense(ctx, entries, results):
     for entry, value in zip(entries, reduced):
         local, _ = results[entry.name]
         results[entry.name] = (local._replace(value=value), device)
+
+
+def _reduce_scatter(ctx, entries, results):
+    """ZeRO v1: one buffer with one equal-sized chunk per owner (padded); each member
+    keeps its chunk, the reduced gradients of the variables it updates."""
+    if not entries:
+        return
+    group, device = entries[0].group, results[entries[0].name][1]
+    by_owner = [[e for e in entries if e.owner == rank] for rank in range(group.size)]
+    sizes = [[results[e.name][0].value.shape.num_elements() for e in owned]
+             for owned in by_owner]
+    chunk = max(sum(s) for s in sizes)
+    dtype = results[entries[0].name][0].value.dtype
+    with tf.device(device), tf.name_scope("EPL_ZERO"):
+        parts = []
+        for owned, owned_sizes in zip(by_owner, sizes):
+            parts += [tf.reshape(results[e.name][0].value, [-1]) for e in owned]
+            pad = chunk - sum(owned_sizes)
+            if pad:
+                parts.append(tf.zeros([pad], dtype))
+        buffer = tf.concat(parts, 0)
+    comm = ctx.communicator(group, GRADIENTS)
+    mine = comm.reduce_scatter(buffer, device, "grads/zero_v1", mean=entries[0].mean)
+    rank = group.devices.index(device)
+    with tf.device(device), tf.name_scope("EPL_ZERO"):
+        pieces = tf.split(mine[:sum(sizes[rank])], sizes[rank]) if sizes[rank] else []
+    for entry, piece in zip(by_owner[rank], pieces):
+        local, _ = results[entry.name]
+        shape = local.value.shape
+        with tf.device(device):
+            results[entry.name] = (local._replace(value=tf.reshape(piece, shape)), device)
 
 
 def _reduce_sparse(ctx, entry, local, device):

@@ -26,8 +26,10 @@ class VariableSync(Pass):
     def run(self, ctx):
         chain_shard_initializers(ctx)
         ops = []
+        local_only = ctx.view.zero.local_variables if ctx.view.zero is not None else ()
         for var_op in ctx.roles.variables:
-            ops.extend(self._broadcast_variable(ctx, var_op))
+            if var_op.name not in local_only:  # ZeRO: slots live on their owner only
+                ops.extend(self._broadcast_variable(ctx, var_op))
         ops.extend(self._broadcast_step(ctx))
         for comm in ctx.communicators():
             ops.extend(comm.setup_ops())

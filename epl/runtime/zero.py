@@ -1,0 +1,200 @@
+"""ZeRO: optimizer states (v0) and gradient reduction (v1) partitioned over data parallelism.
+
+Every variable gets one *owner* among the data-parallel members (balanced by
+bytes, the same on every member). Only the owner runs the optimizer for it,
+so its slots (Adam's m and v) exist on the owner alone; after the update the
+members exchange the new values.
+
+* ``v0``: gradients are all-reduced as usual; states are partitioned.
+* ``v1``: each member also receives only its own variables' reduced gradients
+  (a reduce-scatter of one buffer laid out by owner) instead of all of them.
+
+Where it applies: one copy per worker process (N workers x 1 device, a single
+data-parallel TaskGraph), as in the original EPL. Several devices per worker
+(copies sharing one graph), pipelines and gradient accumulation are refused
+at ``apply_gradients`` with the reason. A checkpoint is refused too, because
+each worker holds only its own optimizer states (nothing may be silently
+dropped from a checkpoint).
+
+Build time (``wrap_apply``): the optimizer is called for the owned pairs only,
+and the returned op also waits for a barrier that the rewrite connects to the
+broadcasts. Rewrite time (:class:`ZeroSync`): broadcasts, and every gradient
+collective joins the barrier, because a member whose own variables do not need
+a bucket must still take part in it.
+"""
+import collections
+
+from epl import tf_adapter
+from epl.communicators.reducer import GradientReducer
+from epl.parallel.context import SYNC
+from epl.parallel.passes import LOWER, Pass
+from epl.tf_adapter import tf
+
+ZeroRecord = collections.namedtuple("ZeroRecord", [
+    "level", "members", "rank", "owner_of", "barrier", "local_variables"])
+ZeroRecord.__doc__ = """What ZeRO decided while the step was built: level, member count,
+this worker's rank, {variable name: owner rank}, the barrier op, and the names of
+variables that exist on this worker only (slots of owned variables)."""
+
+
+class ZeroError(ValueError):
+    """ZeRO cannot partition this program as asked."""
+
+
+def applies(config):
+    return bool(config.zero.level)
+
+
+def owners(sizes, members):
+    """Owner rank of each variable: largest first, each to the least loaded member."""
+    load = [0] * members
+    owner = [None] * len(sizes)
+    for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        rank = min(range(members), key=lambda r: (load[r], r))
+        owner[index] = rank
+        load[rank] += sizes[index]
+    return owner
+
+
+def _check(view, config, cluster):
+    reasons = []
+    if cluster.gpu_num_per_worker != 1:
+        reasons.append("%d devices per worker (its copies share one graph, whose optimizer "
+                       "states cannot be split yet; run N workers x 1 device)"
+                       % cluster.gpu_num_per_worker)
+    if len(view.taskgraphs) != 1 or view.taskgraphs[0].device_count != 1:
+        reasons.append("%d TaskGraphs (ZeRO partitions one data-parallel TaskGraph of "
+                       "replicate(1))" % len(view.taskgraphs))
+    if config.pipeline.num_micro_batch > 1:
+        reasons.append("pipeline.num_micro_batch=%d (gradient accumulation or pipelines)"
+                       % config.pipeline.num_micro_batch)
+    if reasons:
+        raise ZeroError("zero.level=%r is not supported here: %s. Remove zero.level or change "
+                        "the layout." % (config.zero.level, "; ".join(reasons)))
+
+
+def _cluster(view):
+    from epl.env import Env  # the Env that is building this graph (public boundary)
+    return (view.owner or Env.get()).cluster
+
+
+def _nbytes(var):
+    shape = var.shape
+    if not shape.is_fully_defined():
+        raise ZeroError("ZeRO needs static variable shapes to balance owners; %s has %s"
+                        % (var.op.name, shape))
+    return shape.num_elements() * var.dtype.base_dtype.size
+
+
+def wrap_apply(call, view, config):
+    """Run the optimizer for this worker's variables only, behind a barrier."""
+    def apply(bound):
+        cluster = _cluster(view)
+        _check(view, config, cluster)
+        pairs_arg = list(bound.arguments)[1]
+        pairs = [(g, v) for g, v in bound.arguments[pairs_arg] if g is not None]
+        members, rank = cluster.total_gpu_num, cluster.worker_index
+        ranks = owners([_nbytes(v) for _, v in pairs], members)
+        if len(set(ranks)) < members:
+            raise ZeroError("zero.level=%r: %d variables cannot give each of %d members one; "
+                            "use fewer workers" % (config.zero.level, len(pairs), members))
+        owned = [p for p, r in zip(pairs, ranks) if r == rank]
+        before = set(v.op.name for v in tf_adapter.tf.global_variables())
+        bound.arguments[pairs_arg] = owned
+        result = call(bound)
+        slots = set(v.op.name for v in tf.global_variables()) - before
+        with tf.device(cluster.worker_cpu()), tf.name_scope("EPL_ZERO"):
+            barrier = tf.no_op(name="barrier")
+            done = tf.group(result, barrier, name="apply")
+        view.zero = ZeroRecord(config.zero.level, members, rank,
+                               dict((v.op.name, r) for (_, v), r in zip(pairs, ranks)),
+                               barrier, frozenset(slots))
+        return done
+    return apply
+
+
+def checkpoint_refusal(view, saver):
+    """Why ``saver`` would lose state under ZeRO, or None.
+
+    Each member holds only its own variables' optimizer slots, so worker 0's
+    checkpoint (the only one written) would silently miss the others'. A saver
+    of variables that every member holds (say, the model alone) is fine."""
+    record = getattr(view, "zero", None) if view is not None else None
+    if record is None or record.members < 2:
+        return None
+    var_list = tf_adapter.saver_var_list(saver)
+    names = _saved_names(var_list)
+    if names is not None and not names & record.local_variables:
+        return None
+    return ("zero.level=%r partitions optimizer states over %d workers: worker 0's "
+            "checkpoint would miss the other workers' slots. Save without ZeRO, or "
+            "save only the model variables (tf.train.Saver(var_list=tf.trainable_variables()))"
+            % (record.level, record.members))
+
+
+def _saved_names(var_list):
+    """Op names of the variables a Saver's var_list names (None: everything)."""
+    if var_list is None:
+        return None
+    values = var_list.values() if isinstance(var_list, dict) else var_list
+    return set(getattr(v, "op", v).name for v in values if hasattr(getattr(v, "op", v), "name"))
+
+
+class ZeroSync(Pass):
+    """Every member gets the updated variables; every gradient collective joins the barrier.
+
+    The new values travel as one sum over the data-parallel group: each member
+    contributes its own variables' updated values and zeros elsewhere (fused in
+    buckets like gradients), so a step needs one kind of collective, on the fast
+    ring, and no member can miss another's broadcast."""
+
+    name = "zero_sync"
+    phase = LOWER
+    reads = ("ZeRO record", "gradient collectives", "plan groups")
+    writes = ("the sum of updated variables", "barrier control inputs")
+
+    def applies(self, ctx):
+        return getattr(ctx.view, "zero", None) is not None
+
+    def run(self, ctx):
+        record = ctx.view.zero
+        reductions = [ctx.tf_graph.get_operation_by_name(name)
+                      for comm in ctx.communicators() if comm.name.startswith("grads/")
+                      for name in comm.op_names]
+        names = sorted(record.owner_of)
+        var_ops = [ctx.tf_graph.get_operation_by_name(n) for n in names]
+        taskgraph = ctx.taskgraph_of(var_ops[0])
+        device = ctx.device(taskgraph, 0)
+        contributions = [_contribution(var_op, record.owner_of[var_op.name] == record.rank,
+                                       device) for var_op in var_ops]
+        reducer = GradientReducer(
+            [ctx.communicator(ctx.plan.taskgraphs[taskgraph].dp_group(), SYNC)],
+            ctx.config.communication.max_splits, False, 1, mean=False)
+        summed = reducer.reduce(contributions, device, reducer.plan(contributions), tag="zero")
+        assigns = []
+        with tf.device(device), tf.name_scope("EPL_ZERO"), tf.control_dependencies(reductions):
+            for var_op, value in zip(var_ops, summed):
+                if record.owner_of[var_op.name] != record.rank:
+                    assigns.append(tf_adapter.assign_variable(var_op, value))
+        tf_adapter.add_control_inputs(record.barrier, reductions + assigns + [
+            v.op for v in summed])
+
+
+def _contribution(var_op, owned, device):
+    """This member's share of the sum: its updated value, or zeros."""
+    with tf.device(device), tf.name_scope("EPL_ZERO"):
+        if not owned:
+            return tf.zeros(tf_adapter.variable_shape(var_op), tf_adapter.variable_dtype(var_op))
+        with tf.control_dependencies(_owner_update(var_op)):
+            return tf_adapter.read_variable(var_op) * 1
+
+
+def _owner_update(var_op):
+    """The ops that write ``var_op`` in the apply phase (the optimizer's update)."""
+    found = []
+    for tensor in var_op.outputs:
+        for consumer in tensor.consumers():
+            if tf_adapter.writes_variable(consumer) and consumer.type not in ("Assign",
+                                                                              "AssignVariableOp"):
+                found.append(consumer)
+    return found
