@@ -14,11 +14,9 @@ NOT_BUILT = {
     "gradient_checkpoint.type": "gradient checkpointing",
     "gradient_checkpoint.end_taskgraph": "gradient checkpointing",
     "gradient_checkpoint.check_gradients": "gradient checkpointing",
-    "offload.level": "offload",
     "amp.level": "automatic mixed precision",
     "amp.debug_log": "automatic mixed precision",
     "amp.loss_scale": "automatic mixed precision",
-    "optimizer.num_apply_group": "grouped apply",
     "auto.auto_parallel": "auto parallel",
     "pipeline.num_stages": "auto parallel (pipeline.num_stages is only read by it)",
 }

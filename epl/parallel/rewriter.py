@@ -17,6 +17,7 @@ from epl.parallel.passes import check_order, describe
 from epl.parallel.passes.batch_split import BatchSplit
 from epl.ops.checkpoint import ShardedCheckpoints
 from epl.ops.lowering import SplitLowering
+from epl.runtime.offload import Offload
 from epl.runtime.zero import ZeroSync
 from epl.parallel.passes.io_slicing import IOSlicing
 from epl.parallel.passes.classify import ClassifyRoles
@@ -39,6 +40,7 @@ PASSES = (
     SplitLowering(),
     ClassifyRoles(),
     Placement(),
+    Offload(),
     MicroBatchClone(),
     ReplicaClone(),
     BatchSplit(),

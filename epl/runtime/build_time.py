@@ -10,8 +10,8 @@ here. Each saver that must act while the user builds the step is a module with
 their keys are set, so an unused saver costs nothing.
 
 Order (outermost first): AMP scales the loss around everything else; gradient
-checkpointing replaces how gradients are computed; grouped apply splits the
-optimizer's update; ZeRO gives it only this worker's variables.
+checkpointing replaces how gradients are computed; ZeRO keeps only this worker's variables; grouped apply splits the
+optimizer's update of those.
 """
 import importlib
 
@@ -23,7 +23,7 @@ _KEYS = {
     "epl.runtime.zero": lambda config: bool(config.zero.level),
 }
 GRADIENT_SAVERS = ("epl.runtime.amp", "epl.runtime.gradient_checkpoint")
-APPLY_SAVERS = ("epl.runtime.amp", "epl.runtime.grouped_apply", "epl.runtime.zero")
+APPLY_SAVERS = ("epl.runtime.amp", "epl.runtime.zero", "epl.runtime.grouped_apply")
 
 
 def _active(names, config, attribute):

@@ -84,12 +84,20 @@ def _info(ctx, item):
     if not sparse and item.var.op.name in ctx.sharded_variables:
         nbytes = None  # a shard's width is known per copy only: reduced unfused
     elif not sparse:
-        if not item.grad.shape.is_fully_defined():
-            raise ValueError("gradient fusion needs static shapes; the gradient of %s has "
-                             "shape %s" % (item.var.op.name, item.grad.shape))
-        nbytes = item.grad.shape.num_elements() * item.grad.dtype.size
+        shape = _dense_shape(item)
+        nbytes = shape.num_elements() * item.grad.dtype.size
     return gp.GradientInfo(item.var.op.name, ctx.taskgraph_of(item.var.op), sparse, nbytes,
                            item.grad.dtype.base_dtype.name, tf_adapter.op_id(producer))
+
+
+def _dense_shape(item):
+    """A dense gradient has its variable's shape, even where TF lost it (while loops, cond)."""
+    shape = item.grad.shape.merge_with(item.var.shape)
+    if not shape.is_fully_defined():
+        raise ValueError("gradient fusion needs static shapes; the gradient of %s has shape "
+                         "%s and its variable %s" % (item.var.op.name, item.grad.shape,
+                                                     item.var.shape))
+    return shape
 
 
 def copy_plan(ctx, items, copy):
@@ -158,6 +166,11 @@ def _local_sum(ctx, item, copy, device):
         with tf.device(device), tf.name_scope("EPL_MICRO_BATCH_SUM"):
             for m in range(1, ctx.num_micro_batch):
                 total = tf_adapter.add(total, ctx.tensor_instance(item.grad, copy, m))
+    if not total.shape.is_fully_defined():
+        # gradients out of while loops or conds lose their static shape; fusion needs it
+        with tf.device(device), tf.name_scope("EPL_GRADIENT_SHAPE"):
+            shape = _copy_shape(ctx, item.var.op, copy) or item.var.shape.as_list()
+            total = tf.reshape(total, shape)
     return Local(total, None, None)
 
 
