@@ -69,7 +69,7 @@ class Graph(object):
         self.layer_collectives = []     # collectives split layers asked for (epl.ops)
         self.parallel = None            # the rewrite's result, once it has run
         self.rewrite_error = None       # why the rewrite failed, if it did
-        self.gradient_sources = {}      # backward op name -> name of the forward op it differentiates
+        self.gradient_sources = {}      # backward op name -> the forward op it differentiates
         self.auto_partition = None      # epl.parallel.partition.Partition of auto.auto_parallel
         self._segment_taskgraph = {}
         self._unassigned = []

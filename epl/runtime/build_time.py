@@ -10,8 +10,8 @@ here. Each saver that must act while the user builds the step is a module with
 their keys are set, so an unused saver costs nothing.
 
 Order (outermost first): AMP scales the loss around everything else; gradient
-checkpointing replaces how gradients are computed; ZeRO keeps only this worker's variables; grouped apply splits the
-optimizer's update of those.
+checkpointing replaces how gradients are computed; ZeRO keeps only this worker's
+variables; grouped apply splits the optimizer's update of those.
 """
 import importlib
 
