@@ -14,11 +14,6 @@ NOT_BUILT = {
     "gradient_checkpoint.type": "gradient checkpointing",
     "gradient_checkpoint.end_taskgraph": "gradient checkpointing",
     "gradient_checkpoint.check_gradients": "gradient checkpointing",
-    "amp.level": "automatic mixed precision",
-    "amp.debug_log": "automatic mixed precision",
-    "amp.loss_scale": "automatic mixed precision",
-    "auto.auto_parallel": "auto parallel",
-    "pipeline.num_stages": "auto parallel (pipeline.num_stages is only read by it)",
 }
 
 

@@ -14,6 +14,7 @@ from epl.ir.phase import Phase
 from epl.parallel import step_check
 from epl.parallel.context import RewriteContext
 from epl.parallel.passes import check_order, describe
+from epl.parallel.passes.auto_stages import AutoStages, partition_stages
 from epl.parallel.passes.batch_split import BatchSplit
 from epl.ops.checkpoint import ShardedCheckpoints
 from epl.ops.lowering import SplitLowering
@@ -36,6 +37,7 @@ from epl.ir.taskgraph import SPLIT
 LOG = logging.getLogger("epl")
 
 PASSES = (
+    AutoStages(),
     IOSlicing(),
     SplitLowering(),
     ClassifyRoles(),
@@ -79,6 +81,7 @@ def needs_rewrite(view):
 def plan_for(view, config, cluster):
     """The plan of a graph view (gives unannotated graphs their implicit TaskGraph)."""
     view.ensure_taskgraph()
+    partition_stages(view, config, cluster)
     return make_plan(config, cluster, specs_from_graph(view))
 
 

@@ -1,0 +1,180 @@
+"""Automatic mixed precision O1 (``amp.level="O1"``) with float32 master weights.
+
+Example::
+
+    epl.init(epl.Config({"amp.level": "O1", "amp.loss_scale": "dynamic"}))
+    loss = model(features)                      # built in float32, as usual
+    train = tf.train.AdamOptimizer(1e-3).minimize(loss, global_step=step)
+
+Plugged into :mod:`epl.runtime.build_time`:
+
+* :func:`wrap_gradients` (``tf.gradients``): before TensorFlow builds the
+  gradients, the forward ops between the variables and the loss are painted
+  (:mod:`epl.runtime.amp_lists`, :mod:`epl.runtime.amp_paint`) and the float16
+  ones are rebuilt as float16 twins (:mod:`epl.runtime.amp_convert`), so the
+  backward pass runs through them too. Variables stay float32 and no float16
+  copy of a weight is kept: each use casts just in time. Then the loss is
+  scaled (through ``grad_ys``) and the gradients come back divided by the scale
+  (:mod:`epl.runtime.amp_scale`).
+* :func:`wrap_apply` (``apply_gradients``): the update happens only if every
+  gradient the optimizer receives is finite; the loss scale state is updated
+  every step (dynamic: x2 after ``GROWTH_INTERVAL`` good steps, /2 on a
+  non-finite step, never below 1). A skipped step leaves weights, slots and
+  ``global_step`` unchanged.
+
+``INITIAL_SCALE`` and ``GROWTH_INTERVAL`` are read when the graph is built
+(tests monkeypatch them). See docs/amp.md.
+"""
+import collections
+import inspect
+import logging
+import weakref
+
+from epl import tf_adapter
+from epl.config import ConfigError
+from epl.ir.graph import Graph
+from epl.ir.records import as_list
+from epl.runtime import amp_scale
+from epl.runtime.amp_convert import ForwardConverter
+from epl.tf_adapter import tf
+
+INITIAL_SCALE = 2.0 ** 15
+GROWTH_INTERVAL = 2000
+
+LOG = logging.getLogger("epl.amp")
+_STATES = weakref.WeakKeyDictionary()     # epl.Graph -> AmpState
+
+
+class AmpState(object):
+    """AMP's records for one graph: the ops it made, its conversions, its loss scales."""
+
+    def __init__(self):
+        self.created = set()                            # names of ops AMP made
+        self.conversions = []                           # amp_convert.Conversion per call
+        self.loss_scales = collections.OrderedDict()    # tuple of ys -> LossScale
+
+    @property
+    def converted(self):
+        """[(original op name, float16 op name)] over every tf.gradients call."""
+        return [pair for conversion in self.conversions for pair in conversion.converted]
+
+
+def applies(config):
+    return config.amp.level == "O1"
+
+
+def check_config(config):
+    """Refuse AMP keys that would do nothing: a loss scale or debug log without a level.
+
+    (To be called by ``epl.init`` once AMP is out of ``epl.availability``.)"""
+    if config.amp.level:
+        return
+    for key, default in (("amp.loss_scale", "dynamic"), ("amp.debug_log", False)):
+        if config.get(key) != default:
+            raise ConfigError("%s = %r (source: %s) has no effect without amp.level; set "
+                              'amp.level to "O1" or %s back to %r'
+                              % (key, config.get(key), config.source(key), key, default))
+
+
+def state(graph=None):
+    """AMP's records (:class:`AmpState`) for a ``tf.Graph`` (default graph), or None."""
+    view = Graph.get(graph, create=False)
+    return _STATES.get(view) if view is not None else None
+
+
+def _state(view):
+    found = _STATES.get(view)
+    if found is None:
+        found = _STATES[view] = AmpState()
+    return found
+
+
+def wrap_gradients(compute, view, config):
+    """``tf.gradients`` with float16 forward ops and a scaled loss."""
+    def amp_gradients(bound):
+        args = bound.arguments
+        ys = [_as_tensor(y) for y in as_list(args["ys"])]
+        _check_losses(ys)
+        if tf_adapter.control_flow_context(view.tf_graph) is not None:
+            LOG.warning("EPL AMP: tf.gradients called inside a while loop or cond is left "
+                        "in float32 and unscaled")
+            return compute(bound)
+        amp = _state(view)
+        xs, grad_ys = as_list(args["xs"]), as_list(args.get("grad_ys"))
+        protected = set(t for t in ys + xs + grad_ys + as_list(args.get("stop_gradients"))
+                        if isinstance(t, tf.Tensor))
+        converter = ForwardConverter(view, _device_kind(view), amp.created)
+        conversion = converter.convert(ys, xs, protected)
+        amp.conversions.append(conversion)
+        loss_scale = _loss_scale(amp, view, ys, config)
+        if config.amp.debug_log:
+            _log_conversion(conversion, loss_scale)
+        scaled = inspect.BoundArguments(bound.signature, collections.OrderedDict(args))
+        scaled.arguments["grad_ys"] = loss_scale.scaled_grad_ys(ys, grad_ys)
+        grads = compute(scaled)
+        converter.recast_for_backward(conversion)
+        return loss_scale.unscale(grads)
+    return amp_gradients
+
+
+def wrap_apply(call, view, config):
+    """``apply_gradients`` that applies only finite steps and updates the loss scale."""
+    del config
+
+    def amp_apply(bound):
+        pairs_name = list(bound.signature.parameters)[1]
+        grads = [g for g, _ in bound.arguments.get(pairs_name) or () if g is not None]
+        amp = _STATES.get(view)
+        scales = []
+        if amp is not None and grads:
+            scales = amp_scale.scales_feeding(grads, list(amp.loss_scales.values()), view)
+        if not scales:  # gradients not made by tf.gradients under AMP
+            return call(bound)
+        return amp_scale.apply_if_finite(view, call, bound, pairs_name, scales,
+                                         GROWTH_INTERVAL)
+    return amp_apply
+
+
+def _as_tensor(value):
+    return value if isinstance(value, (tf.Tensor, tf.IndexedSlices)) \
+        else tf.convert_to_tensor(value)
+
+
+def _check_losses(ys):
+    for y in ys:
+        if not y.dtype.base_dtype.is_floating:
+            raise TypeError("amp.level=O1 scales the loss, so tf.gradients needs floating "
+                            "point ys; %s is %s" % (y.name, y.dtype.base_dtype.name))
+
+
+def _loss_scale(amp, view, ys, config):
+    key = tuple(ys)
+    if key not in amp.loss_scales:
+        info = view.info(ys[0].op)
+        amp.loss_scales[key] = amp_scale.LossScale(
+            view, info.taskgraph if info is not None else None, config.amp.loss_scale,
+            config.amp.debug_log, INITIAL_SCALE)
+    return amp.loss_scales[key]
+
+
+def _device_kind(view):
+    """Where ops without a device will run: the cluster's compute device kind."""
+    try:
+        _, cluster = Graph.introspection.config_and_cluster(view)
+        return cluster.device_type
+    except (AttributeError, RuntimeError):
+        return "GPU" if tf.config.experimental.list_physical_devices("GPU") else "CPU"
+
+
+def _log_conversion(conversion, loss_scale):
+    if not LOG.isEnabledFor(logging.INFO):
+        LOG.setLevel(logging.INFO)  # the user asked for this log
+    if not LOG.hasHandlers():
+        LOG.addHandler(logging.StreamHandler())
+    LOG.info("EPL AMP: %d op(s) run in float16: %s", len(conversion.converted),
+             ", ".join(name for name, _ in conversion.converted) or "none")
+    for name, reason in conversion.kept:
+        LOG.info("EPL AMP: %s stays float32 (%s)", name, reason)
+    LOG.info("EPL AMP: loss scale %s", "dynamic, starting at %g, growing every %d good steps"
+             % (INITIAL_SCALE, GROWTH_INTERVAL) if loss_scale.dynamic
+             else "fixed at %g" % loss_scale.fixed)
