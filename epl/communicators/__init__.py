@@ -71,10 +71,20 @@ class Communicator(object):
 
     def _build(self, device, name, method, *args):
         self.rank(device)
+        if len(self.devices) == 1:
+            return self._alone(args[0], device, name)
         instance = self._keys.instance_key(self.group_key, "%s/%s" % (self.name, name))
         with tf.device(device):
             result = getattr(self.backend, method)(*(args[:1] + (self, device, instance)
                                                      + args[1:]))
+        self.op_names.append(result.op.name)
+        return result
+
+    def _alone(self, tensor, device, name):
+        """A group of one device: every collective is the identity (backends refuse a
+        group of one, and a split over 1 device or a one-device dp group makes them)."""
+        with tf.device(device):
+            result = tf.identity(tensor, name="%s_alone" % self.name.replace("/", "_"))
         self.op_names.append(result.op.name)
         return result
 
@@ -98,6 +108,9 @@ class Communicator(object):
     def broadcast_recv(self, shape, dtype, device, name):
         """Receive the root's tensor on ``device``."""
         self.rank(device)
+        if len(self.devices) == 1:
+            raise ValueError("communicator %r has one device (%s): nothing to receive from"
+                             % (self.name, device))
         instance = self._keys.instance_key(self.group_key, "%s/%s" % (self.name, name))
         with tf.device(device):
             result = self.backend.broadcast_recv(shape, dtype, self, device, instance)

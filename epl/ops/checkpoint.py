@@ -71,7 +71,7 @@ def _shard_copies(ctx):
 
 
 def _saveables(ctx):
-    """({variable name: saveable over replica 0's shards}, problem or None)."""
+    """({variable name: [saveable of each of replica 0's shards]}, problem or None)."""
     local = _shard_copies(ctx)
     saveables, problem = {}, None
     for name, info in sorted(ctx.sharded_variables.items()):
@@ -81,35 +81,37 @@ def _saveables(ctx):
                        "supported yet" % (name, info.width, sorted(local)))
             continue
         var_op = ctx.tf_graph.get_operation_by_name(name)
-        instances = [ctx.instance(var_op, local[p]) for p in range(info.width)]
-        saveables[name] = _Shards(name, info, instances)
+        saveables[name] = [_Shard(name, info, p, ctx.instance(var_op, local[p]))
+                           for p in range(info.width)]
     return saveables, problem
 
 
-class _Shards(tf_adapter.SaveableObject):
-    """One variable saved from its shards, each as a slice of the unsplit tensor."""
+class _Shard(tf_adapter.SaveableObject):
+    """One shard of a split variable, saved as its slice of the unsplit tensor.
 
-    def __init__(self, name, info, instances):
-        specs, self._instances = [], instances
-        for position, var_op in enumerate(instances):
-            start, size = shard_bounds(info.full_shape[info.axis], info.width, position)
-            offset = [0] * len(info.full_shape)
-            offset[info.axis] = start
-            shape = list(info.full_shape)
-            shape[info.axis] = size
-            spec = tf.Variable.SaveSliceInfo(name, info.full_shape, offset, shape).spec
-            with tf.device(var_op.device):
-                value = tf_adapter.read_variable(var_op)
-            specs.append(tf_adapter.SaveSpec(value, spec, name))
-        super(_Shards, self).__init__(instances[0].outputs[0], specs, name)
+    One saveable per shard (as TF does for partitioned variables), each on its
+    shard's device: a sharded ``tf.train.Saver`` (MonitoredTrainingSession's
+    default) groups saveables by device and refuses one that spans devices."""
+
+    def __init__(self, name, info, position, var_op):
+        start, size = shard_bounds(info.full_shape[info.axis], info.width, position)
+        offset = [0] * len(info.full_shape)
+        offset[info.axis] = start
+        shape = list(info.full_shape)
+        shape[info.axis] = size
+        spec = tf.Variable.SaveSliceInfo(name, info.full_shape, offset, shape).spec
+        with tf.device(var_op.device):
+            value = tf_adapter.read_variable(var_op)
+        self._var_op = var_op
+        # The checkpoint name (the spec's) is the unsplit variable's; the saveable's own
+        # name only keys the Saver's list, so each shard needs its own.
+        super(_Shard, self).__init__(var_op.outputs[0], [tf_adapter.SaveSpec(value, spec, name)],
+                                     "%s/epl_shard_%d" % (name, position))
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
-        ops = []
-        for var_op, value in zip(self._instances, restored_tensors):
-            with tf.device(var_op.device):
-                ops.append(tf_adapter.assign_any_shape(var_op, value))
-        return tf.group(*ops)
+        with tf.device(self._var_op.device):
+            return tf_adapter.assign_any_shape(self._var_op, restored_tensors[0])
 
 
 def _adapt(saver, saveables, problem):
@@ -121,7 +123,9 @@ def _adapt(saver, saveables, problem):
     if problem is not None:
         saver._epl_refuse = problem
         return
-    replaced = [saveables.get(_op_name(v), v) for v in entries]
+    replaced = []
+    for entry in entries:
+        replaced.extend(saveables.get(_op_name(entry), [entry]))
     _REBUILDING.append(saver)
     try:
         saver.saver_def = tf_adapter.rebuild_saver(saver, replaced)

@@ -91,7 +91,8 @@ def _record(value):
     MEASURED.append((os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0], value))
 
 
-@pytest.mark.parametrize("devices,classes", [(2, 10), (2, 7), (4, 13), (4, 1000), (2, 1001)])
+@pytest.mark.parametrize("devices,classes", [(1, 10), (2, 10), (2, 7), (4, 13), (4, 1000),
+                                             (2, 1001)])
 def test_split_classifier_matches_unsplit(devices, classes):
     batch = 4 * devices
     ref_curve, ref = _serial(classes, batch)
@@ -198,7 +199,7 @@ def test_unsupported_reader_of_sharded_logits_is_refused():
             sess.run(tf.global_variables_initializer())
 
 
-def _train_and_save(classes, devices, path, restore=None, steps=1):
+def _train_and_save(classes, devices, path, restore=None, steps=1, sharded=False):
     """Train ``steps`` (after restoring ``restore``) and save; returns the full classifier."""
     batch = 4 * max(devices, 1)
     x, y = _data(batch * steps, classes)
@@ -212,7 +213,7 @@ def _train_and_save(classes, devices, path, restore=None, steps=1):
     with (epl.paused() if not devices else _nothing()), graph.as_default():
         loss, _ = _model(*_dataset(x, y, batch), classes, *scopes)
         train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
-        saver = tf.train.Saver()
+        saver = tf.train.Saver(sharded=sharded)
         with tf.Session() as sess:
             sess.run(tf.global_variables_initializer())
             if restore:
@@ -230,18 +231,21 @@ def _train_and_save(classes, devices, path, restore=None, steps=1):
     return kernel, momentum
 
 
-def test_checkpoints_reshard_between_unsplit_and_split(tmp_path):
+@pytest.mark.parametrize("sharded", [False, True])
+def test_checkpoints_reshard_between_unsplit_and_split(tmp_path, sharded):
     """Every shard is saved as a slice of the unsplit variable (slots too): unsplit ->
-    split(2) -> split(4) -> unsplit restores exactly what was saved."""
+    split(2) -> split(4) -> unsplit restores exactly what was saved. ``sharded``: the
+    per-device Saver that MonitoredTrainingSession makes by default."""
     classes = 11
-    saved = _train_and_save(classes, 0, str(tmp_path / "unsplit"))
+    saved = _train_and_save(classes, 0, str(tmp_path / "unsplit"), sharded=sharded)
     for devices, source, target in [(2, "unsplit", "two"), (4, "two", "four"),
                                     (0, "four", "back")]:
         reader = tf.train.load_checkpoint(str(tmp_path / source))
         assert reader.get_variable_to_shape_map()["classifier/kernel"] == [HIDDEN, classes]
         expected = reader.get_tensor("classifier/kernel")
         kernel, momentum = _train_and_save(classes, devices, str(tmp_path / target),
-                                           restore=str(tmp_path / source), steps=0)
+                                           restore=str(tmp_path / source), steps=0,
+                                           sharded=sharded)
         np.testing.assert_allclose(kernel, expected, atol=0)
         np.testing.assert_allclose(momentum, reader.get_tensor("classifier/kernel/Momentum"),
                                    atol=0)
