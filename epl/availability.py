@@ -10,10 +10,12 @@ from epl.config import ConfigError, FIELDS
 _DEFAULTS = dict((field.key, field.default) for field in FIELDS)
 
 # key -> the feature it belongs to (for the message)
-NOT_BUILT = {
-    "gradient_checkpoint.type": "gradient checkpointing",
-    "gradient_checkpoint.end_taskgraph": "gradient checkpointing",
-    "gradient_checkpoint.check_gradients": "gradient checkpointing",
+NOT_BUILT = {}
+
+# key -> the key that switches its feature on: setting it alone would do nothing
+NEEDS = {
+    "gradient_checkpoint.end_taskgraph": "gradient_checkpoint.type",
+    "gradient_checkpoint.check_gradients": "gradient_checkpoint.type",
 }
 
 
@@ -28,7 +30,9 @@ def unavailable(config):
 
 
 def check_available(config):
-    """Raise ConfigError naming every key set to a feature this EPL cannot do yet."""
+    """Raise ConfigError naming every key set to a feature this EPL cannot do yet,
+    or set while the key that switches its feature on is not."""
+    _check_needs(config)
     found = unavailable(config)
     if not found:
         return
@@ -38,3 +42,13 @@ def check_available(config):
         lines.append("  %s = %r (%s; source: %s): set it back to its default %r"
                      % (key, value, feature, config.source(key), _DEFAULTS[key]))
     raise ConfigError("\n".join(lines))
+
+
+def _check_needs(config):
+    for key, needed in NEEDS.items():
+        value = config.get(key)
+        if value != _DEFAULTS[key] and config.get(needed) == _DEFAULTS[needed]:
+            raise ConfigError("%s = %r (source: %s) has no effect unless %s is set; set %s "
+                              "too or %s back to its default %r"
+                              % (key, value, config.source(key), needed, needed, key,
+                                 _DEFAULTS[key]))
