@@ -8,6 +8,9 @@ activations backprop may need. Ops outside it (the input pipeline, masks
 computed from the data alone) never depend on the weights and are left alone.
 """
 
+import collections
+import heapq
+
 from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.tf_adapter import tf
@@ -34,8 +37,34 @@ def tensor_key(tensor):
 
 
 def by_creation(ops):
-    """``ops`` in creation order, which is a topological order of data edges."""
-    return sorted(ops, key=tf_adapter.op_id)
+    """``ops`` in a topological order of their data and control edges among
+    themselves, creation order breaking ties.
+
+    Creation order alone is not enough: a rewrite made while the user builds the
+    step (AMP's float16 ops and casts) creates producers after the consumers it
+    rewires to them, and levels and copies need producers first."""
+    ops = list(ops)
+    members = dict((id(op), op) for op in ops)
+    waiting, readers = {}, collections.defaultdict(list)
+    for op in ops:
+        producers = set(id(t.op) for t in op.inputs) | set(id(c) for c in op.control_inputs)
+        producers = [key for key in producers if key in members and key != id(op)]
+        waiting[id(op)] = len(producers)
+        for key in producers:
+            readers[key].append(op)
+    ready = [(tf_adapter.op_id(op), op) for op in ops if not waiting[id(op)]]
+    heapq.heapify(ready)
+    ordered = []
+    while ready:
+        _, op = heapq.heappop(ready)
+        ordered.append(op)
+        for reader in readers[id(op)]:
+            waiting[id(reader)] -= 1
+            if not waiting[id(reader)]:
+                heapq.heappush(ready, (tf_adapter.op_id(reader), reader))
+    if len(ordered) != len(ops):   # a cycle (loops are kept whole): fall back
+        return sorted(ops, key=tf_adapter.op_id)
+    return ordered
 
 
 def forward_region(ys, xs):

@@ -41,9 +41,11 @@ def _buffer(shape, dtype, name, epl_variables):
     return acc
 
 
-def _keep(pred, dtype):
-    """0 on release runs (the accumulator starts over), 1 otherwise."""
-    return 1 - tf.cast(pred, dtype)
+def _kept(pred, total):
+    """``total``, or zeros on release runs (the accumulator starts over). A select, not
+    a product with 0: an overflowed micro-batch (AMP) leaves inf in ``total``, and
+    inf * 0 is NaN, which would poison every later step."""
+    return tf.where_v2(pred, tf.zeros_like(total), total)
 
 
 def accumulate_dense(var, local, device, pred, epl_variables, shape=None):
@@ -53,7 +55,7 @@ def accumulate_dense(var, local, device, pred, epl_variables, shape=None):
         acc = _buffer(var.shape if shape is None else shape, local.dtype, "accumulator",
                       epl_variables)
         total = acc + local
-        store = tf.assign(acc, total * _keep(pred, total.dtype))
+        store = tf.assign(acc, _kept(pred, total))
         return Released(tf_adapter.switch(total, pred)[1], store.op)
 
 
@@ -75,8 +77,8 @@ def accumulate_sparse(var, values, indices, device, pred, epl_variables):
         where = tf.expand_dims(tf.cast(indices, tf.int64), 1)
         total = acc + tf.scatter_nd(where, values, shape)
         touched = counts + tf.scatter_nd(where, tf.ones_like(indices, values.dtype), [rows])
-        keep = _keep(pred, total.dtype)
-        store = tf.group(tf.assign(acc, total * keep), tf.assign(counts, touched * keep))
+        store = tf.group(tf.assign(acc, _kept(pred, total)),
+                         tf.assign(counts, _kept(pred, touched)))
         return SparseReleased(tf_adapter.switch(total, pred)[1],
                               tf_adapter.switch(touched, pred)[1], store)
 

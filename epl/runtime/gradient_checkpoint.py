@@ -257,6 +257,10 @@ class _Builder(object):
                 self.record.recomputed[copy.name] = original.name
         if gate and made:
             _wait_for(made, grad_ys)
+        elif made:
+            # The backward no longer reads the forward ops behind the ys, so nothing
+            # would order them before the update: a fetched loss could read new weights.
+            _wait_for(made, roots)
         ys = [self._current(t) for t in roots]
         stop_ops, x_indices = gc_graph.reached(self.region, root_ops, self.stops)
         stop_tensors = [t for op in stop_ops for t in self.region.boundary(op)]

@@ -68,6 +68,10 @@ def _check(view, config, cluster):
     if config.pipeline.num_micro_batch > 1:
         reasons.append("pipeline.num_micro_batch=%d (gradient accumulation or pipelines)"
                        % config.pipeline.num_micro_batch)
+    if config.amp.level:
+        reasons.append("amp.level=%r (a step AMP skips on overflow would leave ZeRO's exchange "
+                       "of updated values half-built on the owners, and the workers' "
+                       "collectives would disagree)" % config.amp.level)
     if reasons:
         raise ZeroError("zero.level=%r is not supported here: %s. Remove zero.level or change "
                         "the layout." % (config.zero.level, "; ".join(reasons)))

@@ -11,7 +11,7 @@ import pytest
 
 import corpusutil
 from eplutil import MEASURED
-from realmodels import CORPUS
+from realmodels import CORPUS, Bert, ResNet
 
 TOL = 2e-5
 MODES = {
@@ -43,10 +43,45 @@ def test_corpus_mode_matches_serial(model_class, mode):
         np.testing.assert_allclose(curve, ref_curve, rtol=1e-5, atol=1e-6)
 
 
+SAVER_MODES = {
+    # case: (layout of MODES, memory savers)
+    "dp_1x2+offload+grouped": ("dp_1x2", {"offload.level": "v0",
+                                          "optimizer.num_apply_group": 3}),
+    "pipeline_2x2+gc+offload+grouped": ("pipeline_2x2", {
+        "gradient_checkpoint.type": "auto", "offload.level": "v0",
+        "optimizer.num_apply_group": 3}),
+}
+SAVER_RUNNERS = {
+    "dp_1x2": lambda m, a, c: corpusutil.run_dp(m, a, devices=2, config=c),
+    "pipeline_2x2": lambda m, a, c: corpusutil.run_pipeline(m, a, micro_batches=2, config=c),
+}
+
+
+@pytest.mark.parametrize("model_class,case", [
+    (ResNet, "dp_1x2+offload+grouped"), (ResNet, "pipeline_2x2+gc+offload+grouped"),
+    (Bert, "dp_1x2+offload+grouped"),
+    (Bert, "pipeline_2x2+gc+offload+grouped")],
+    ids=["resnet-dp_1x2+offload+grouped", "resnet-pipeline_2x2+gc+offload+grouped",
+         "bert-dp_1x2+offload+grouped", "bert-pipeline_2x2+gc+offload+grouped"])
+def test_corpus_with_memory_savers_matches_serial(model_class, case):
+    """Memory savers composed on the batch-norm ResNet and the BERT-style encoder
+    (tests/graph/test_saver_composition.py has the full matrix on a small model)."""
+    layout, savers = SAVER_MODES[case]
+    _, slices, stats = MODES[layout]
+    model = model_class()
+    arrays = model.data(slices * model.batch * corpusutil.STEPS)
+    ref_curve, reference = corpusutil.serial_reference(model, arrays, slices, stats=stats)
+    curve, copies = SAVER_RUNNERS[layout](model, arrays, dict(savers))
+    worst, where = corpusutil.max_difference(reference, copies, stats)
+    _record(worst)
+    assert worst < TOL, "%s differs from serial training by %.3g" % (where, worst)
+    assert set(reference) - {"global_step"} <= set(copies), "copies missing variables"
+    np.testing.assert_allclose(curve, ref_curve, rtol=1e-5, atol=1e-6)
+
+
 def test_bert_with_dropout_keeps_replicas_in_sync():
     """Dropout masks are random, so there is no serial twin; replicas must still
     end identical (gradients are all-reduced) and training must make progress."""
-    from realmodels import Bert
     model = Bert(dropout=0.1)
     arrays = model.data(2 * model.batch * 6)
     curve, copies = corpusutil.run_dp(model, arrays, devices=2, steps=6)

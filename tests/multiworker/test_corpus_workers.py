@@ -10,7 +10,7 @@ import pytest
 
 import corpusutil
 from eplutil import MEASURED
-from realmodels import CORPUS, OddSizes
+from realmodels import CORPUS, Bert, OddSizes, ResNet
 
 TOL = 2e-5
 
@@ -53,3 +53,10 @@ def test_static_batch_is_pulled_per_copy_with_a_warning(caplog):
     constants): every copy pulls its own batch, and EPL says so."""
     _check(OddSizes(), 2, 2, device_count=4, static=True)
     assert "cannot split the batch" in caplog.text
+
+
+@pytest.mark.parametrize("model_class", [ResNet, Bert], ids=["resnet", "bert"])
+def test_zero_v1_with_grouped_apply_two_workers(model_class):
+    """ZeRO v1 (states and reduced gradients partitioned) with grouped apply on the
+    batch-norm ResNet and the BERT-style encoder (sparse embedding gradients)."""
+    _check(model_class(), 2, 1, {"zero.level": "v1", "optimizer.num_apply_group": 3})
