@@ -34,6 +34,8 @@ _EXPORTS = {
     "split": "epl.strategies",
     "set_default_strategy": "epl.strategies",
     "StrategyError": "epl.strategies",
+    "estimate_memory": "epl.runtime.memory_estimate",
+    "MemoryEstimateError": "epl.runtime.memory_estimate",
 }
 
 __all__ = sorted(_EXPORTS) + ["VERSION"]

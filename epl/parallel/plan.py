@@ -246,6 +246,12 @@ def main(argv=None):
     parser.add_argument("--devices", type=int, default=1, help="compute devices per worker")
     parser.add_argument("--taskgraphs", default="replicate:1",
                         help="comma list of kind:device_count, in definition order")
+    parser.add_argument("--memory", metavar="SIZES", default=None,
+                        help="also estimate memory per device for a transformer of these "
+                             "sizes: layers=,hidden=,heads=,seq=,intermediate=,vocab=,batch= "
+                             "(layers cut evenly over the TaskGraphs; see docs/memory.md)")
+    parser.add_argument("--slots", type=int, default=2,
+                        help="optimizer slots per weight for --memory (Adam 2, Momentum 1)")
     parser.add_argument("config", nargs="*", help="config overrides as key=value")
     args = parser.parse_args(argv)
     config = Config(dict((k, _value(v)) for k, v in (c.split("=", 1) for c in args.config)))
@@ -257,7 +263,22 @@ def main(argv=None):
         copies = plan.copies_of(worker)
         print("worker %d builds %d copies: %s" % (worker, len(copies), ", ".join(
             "(replica %d, position %d)" % (c.replica, c.position) for c in copies) or "none"))
+    if args.memory:
+        from epl.runtime.memory_estimate import MemoryEstimateError
+        try:
+            print(_memory(args.memory, args.slots, config, plan))
+        except MemoryEstimateError as err:
+            parser.error("--memory: %s" % err)
     return 0
+
+
+def _memory(sizes, slots, config, plan):
+    """The estimate of ``epl.runtime.memory_estimate`` for the CLI's formula model."""
+    from epl.runtime import memory_estimate
+    stages = 1 if plan.colocated else len(plan.taskgraphs)
+    profile = memory_estimate.profile_for_config(memory_estimate.parse_sizes(sizes), config,
+                                                 stages=stages, slots_per_weight=slots)
+    return memory_estimate.estimate(profile, plan, config)
 
 
 def _cli_specs(text):
