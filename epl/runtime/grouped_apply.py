@@ -5,8 +5,9 @@ one group at a time.
 An optimizer that computes its update with several ops (Adam on sparse
 gradients, LAMB-like or user optimizers) allocates temporaries of each
 variable's size for every variable at once when all updates may run together.
-Here the (gradient, variable) pairs are split into N groups of about equal
-bytes (:func:`balanced_groups`, deterministic), and each group is applied by
+Here the (gradient, variable) pairs, in the order their gradients arrive, are
+split into N runs of about equal bytes (:func:`contiguous_groups`,
+deterministic), and each group is applied by
 the optimizer's own ``apply_gradients`` inside ``tf.control_dependencies`` on
 the previous group's completion, so group k+1 starts when group k is done and
 its temporaries are freed.
@@ -73,6 +74,42 @@ def balanced_groups(sizes, count):
     return sorted(groups, key=lambda g: g[0])
 
 
+def contiguous_groups(sizes, count):
+    """Split item indices, in their given order, into at most ``count`` non-empty
+    runs of about equal size (a run ends once it reaches its share of the total).
+
+    Grouped apply feeds variables in the order their gradients arrive (the reverse
+    of creation: backprop reaches the last layers first), so group 0 can start as
+    soon as the first gradients exist and each later group's gradients are ready
+    about when its turn comes. Size-balanced groups that mix early and late layers
+    would make every group wait for the end of backprop, holding every gradient.
+
+        >>> contiguous_groups([4, 1, 1, 2], 2)
+        [[0], [1, 2, 3]]
+    """
+    count = max(1, min(count, len(sizes)))
+    total = float(sum(sizes))
+    groups, current, done = [], [], 0.0
+    for index, size in enumerate(sizes):
+        current.append(index)
+        done += size
+        left_items = len(sizes) - index - 1
+        left_groups = count - len(groups) - 1
+        share = total * (len(groups) + 1) / count
+        if left_groups and left_items >= left_groups and (done >= share
+                                                          or left_items == left_groups):
+            groups.append(current)
+            current = []
+    if current:
+        groups.append(current)
+    return groups
+
+
+def arrival_order(pairs):
+    """``pairs`` in the order their gradients are expected: reverse creation."""
+    return list(reversed(pairs))
+
+
 def unsupported_reason(optimizer):
     """Why ``optimizer`` cannot be applied in groups, or None when it can.
 
@@ -109,8 +146,9 @@ def wrap_apply(call, view, config):
             return call(bound)
         if min(count, len(live)) < 2:
             return call(bound)
+        live = arrival_order(live)
         groups = [[live[i] for i in members] for members in
-                  balanced_groups([variable_bytes(v) for _, v in live], count)]
+                  contiguous_groups([variable_bytes(v) for _, v in live], count)]
         groups[-1] += [p for p in pairs if p[0] is None]  # skipped by the optimizer
         return apply_in_groups(call, bound, optimizer, pairs_arg, groups)
     return apply

@@ -185,8 +185,9 @@ def largest_group_share(variables, groups):
     trained = [v.nbytes for v in variables if v.trainable]
     if groups <= 1 or len(trained) < 2 or not sum(trained):
         return 1.0
-    from epl.runtime.grouped_apply import balanced_groups
-    members = balanced_groups(trained, groups)
+    from epl.runtime.grouped_apply import contiguous_groups
+    trained.reverse()   # the saver's arrival order
+    members = contiguous_groups(trained, groups)
     return max(sum(trained[i] for i in group) for group in members) / float(sum(trained))
 
 
