@@ -318,6 +318,24 @@ def variable_shape(var_op):
     return tf.TensorShape(var_op.get_attr("shape"))
 
 
+def remote_variable(template, device, shape, name):
+    """A variable op on ``device`` naming the same variable as ``template`` does on its
+    own worker (same type, container and shared name): in a TF cluster, variables of
+    one device and name are one resource, whichever graph refers to them. Lets worker
+    0 read (save) the shards that another worker holds."""
+    shared = template.get_attr("shared_name") or template.name
+    if isinstance(shared, bytes):
+        shared = shared.decode()
+    container = template.get_attr("container")
+    dtype = template.get_attr("dtype")
+    with tf.device(device):
+        if is_resource_variable(template):
+            return _gen_rv.var_handle_op(dtype=dtype, shape=shape, container=container,
+                                         shared_name=shared, name=name).op
+        return _gen_state.variable_v2(shape=shape, dtype=dtype, container=container,
+                                      shared_name=shared, name=name).op
+
+
 def read_variable(var_op):
     """Current value of a variable given its VariableV2/VarHandleOp op."""
     if is_resource_variable(var_op):

@@ -8,13 +8,16 @@ another number of devices: users can change the device count between runs.
 The savers of the graph (the user's, MonitoredTrainingSession's) are adapted
 once the graph is parallelized (or when made later): their save and restore
 ops are rebuilt over the same variables, with each sharded variable replaced
-by one saveable over replica 0's shards. Restored shards reach the other
+by one saveable per shard of replica 0. Restored shards reach the other
 replicas through EPL's broadcast, which a restore re-arms.
 
-A replica whose shards live on several workers cannot be written by worker 0
-alone yet: saving then fails with a message instead of writing an incomplete
-checkpoint.
+When replica 0's shards live on several workers, worker 0 (the one that saves)
+reads the others' shards through references to their variables (same device,
+same shared name), and every worker restores its own shards. A worker whose
+shards worker 0 reads keeps its server up at exit until worker 0 is done, so the
+checkpoint written after the last step is complete.
 """
+import threading
 import weakref
 
 from epl import tf_adapter
@@ -53,6 +56,7 @@ class ShardedCheckpoints(Pass):
         return bool(ctx.sharded_variables)
 
     def run(self, ctx):
+        _keep_shards_readable(ctx)
         saveables, problem = _saveables(ctx)
         graph = ctx.tf_graph
 
@@ -64,26 +68,81 @@ class ShardedCheckpoints(Pass):
             adapt(saver)
 
 
+def _keep_shards_readable(ctx):
+    """On a worker other than 0 that holds shards of replica 0 (worker 0 saves them),
+    keep the server up at exit until worker 0 is done: its last checkpoint, written
+    after the last step, reads them. In-process workers (threads, as in tests) share
+    the process, whose servers outlive every worker."""
+    from epl.session import roles, serving
+    if roles.writes_checkpoints(ctx.cluster) or not _shard_copies(ctx):
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+    serving.linger_at_exit(ctx.cluster.hosts[0], ctx.config.communication.timeout)
+
+
 def _shard_copies(ctx):
     """{position: local copy index} of replica 0's copies on this worker."""
     return dict((copy.position, index) for index, copy in enumerate(ctx.copies)
                 if copy.replica == 0)
 
 
+def _remote_copies(ctx):
+    """{position: Copy record on its worker} of replica 0's copies other workers hold.
+
+    Every worker builds its copies with the same structure (copy j of any worker
+    has the same op names), so this worker's copy j names the variables of another
+    worker's copy j."""
+    me = ctx.cluster.worker_index
+    found = {}
+    for worker in range(ctx.plan.worker_num):
+        if worker == me:
+            continue
+        for copy in ctx.plan.copies_of(worker):
+            if copy.replica == 0:
+                found[copy.position] = copy
+    return found
+
+
 def _saveables(ctx):
-    """({variable name: [saveable of each of replica 0's shards]}, problem or None)."""
-    local = _shard_copies(ctx)
+    """({variable name: [saveable of each of replica 0's shards]}, problem or None).
+
+    Shards this worker holds are saved and restored here; shards another worker
+    holds are read through a reference to that worker's variable (saving) and
+    restored by that worker itself (every worker restores its own shards)."""
+    from epl.session import roles
+    local, remote = _shard_copies(ctx), _remote_copies(ctx)
+    writes = roles.writes_checkpoints(ctx.cluster)
     saveables, problem = {}, None
     for name, info in sorted(ctx.sharded_variables.items()):
-        if sorted(local) != list(range(info.width)):
-            problem = ("variable %r is split over %d devices and this worker holds shards %s "
-                       "of replica 0; saving split variables whose shards span workers is not "
-                       "supported yet" % (name, info.width, sorted(local)))
-            continue
         var_op = ctx.tf_graph.get_operation_by_name(name)
-        saveables[name] = [_Shard(name, info, p, ctx.instance(var_op, local[p]))
-                           for p in range(info.width)]
+        taskgraph = ctx.view.info(var_op).taskgraph
+        shards = []
+        for position in range(info.width):
+            if position in local:
+                shards.append(_Shard(name, info, position,
+                                     ctx.instance(var_op, local[position])))
+                continue
+            if not writes:   # only worker 0 saves; another worker restores its own shards
+                continue
+            copy = remote.get(position)
+            if copy is None or copy.index >= len(ctx.copies):
+                problem = ("variable %r is split over %d devices and no copy of this worker "
+                           "names shard %d of replica 0" % (name, info.width, position))
+                break
+            template = ctx.instance(var_op, copy.index)
+            remote_op = tf_adapter.remote_variable(
+                template, copy.devices[taskgraph], _shard_shape(info, position),
+                "EPL_REMOTE_SHARD/%s/%d" % (name, position))
+            shards.append(_Shard(name, info, position, remote_op, restores=False))
+        saveables[name] = shards
     return saveables, problem
+
+
+def _shard_shape(info, position):
+    shape = list(info.full_shape)
+    shape[info.axis] = shard_bounds(info.full_shape[info.axis], info.width, position)[1]
+    return shape
 
 
 class _Shard(tf_adapter.SaveableObject):
@@ -93,7 +152,7 @@ class _Shard(tf_adapter.SaveableObject):
     shard's device: a sharded ``tf.train.Saver`` (MonitoredTrainingSession's
     default) groups saveables by device and refuses one that spans devices."""
 
-    def __init__(self, name, info, position, var_op):
+    def __init__(self, name, info, position, var_op, restores=True):
         start, size = shard_bounds(info.full_shape[info.axis], info.width, position)
         offset = [0] * len(info.full_shape)
         offset[info.axis] = start
@@ -102,7 +161,7 @@ class _Shard(tf_adapter.SaveableObject):
         spec = tf.Variable.SaveSliceInfo(name, info.full_shape, offset, shape).spec
         with tf.device(var_op.device):
             value = tf_adapter.read_variable(var_op)
-        self._var_op = var_op
+        self._var_op, self._restores = var_op, restores
         # The checkpoint name (the spec's) is the unsplit variable's; the saveable's own
         # name only keys the Saver's list, so each shard needs its own.
         super(_Shard, self).__init__(var_op.outputs[0], [tf_adapter.SaveSpec(value, spec, name)],
@@ -110,6 +169,8 @@ class _Shard(tf_adapter.SaveableObject):
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
+        if not self._restores:   # another worker's shard: that worker restores it
+            return tf.no_op()
         with tf.device(self._var_op.device):
             return tf_adapter.assign_any_shape(self._var_op, restored_tensors[0])
 

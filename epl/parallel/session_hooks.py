@@ -64,7 +64,17 @@ def _device_filters(graph, env):
     if view is not None and view.taskgraphs and _parallel(view):
         plan = rewriter.plan_for(view, env.config, env.cluster)
         workers = plan.workers_used_by(env.cluster.worker_index)
+        if roles.writes_checkpoints(env.cluster):
+            workers = sorted(set(workers) | set(_split_shard_workers(plan)))
     return ["/job:worker/task:%d" % w for w in workers]
+
+
+def _split_shard_workers(plan):
+    """Workers holding a shard of replica 0 of a split TaskGraph: worker 0 reads
+    those shards when it saves a checkpoint (epl/ops/checkpoint.py)."""
+    from epl.parallel.mesh import SPLIT
+    return [plan.worker_of[device] for tg in plan.taskgraphs if tg.kind == SPLIT
+            for device in tg.devices[0]]
 
 
 def _parallel(view):

@@ -6,6 +6,7 @@ distributed runtime; worker 1 only has to keep its server up. It does so
 until every worker that drives it has finished (its server stops answering),
 then exits with status 0 so launchers see a clean finish.
 """
+import atexit
 import logging
 import os
 import sys
@@ -51,3 +52,26 @@ def serve(env, plan):
     if threading.current_thread() is threading.main_thread():
         os._exit(0)  # TF 1.15 servers cannot be shut down; a normal exit can hang
     sys.exit(0)
+
+
+def linger_while_up(host, deadline):
+    """Block while ``host`` (a worker's server) answers, at most ``deadline`` seconds.
+
+    A worker whose variables another worker reads at the end of training (worker
+    0's final checkpoint of split shards) must not take its server down first."""
+    end = time.time() + deadline
+    while time.time() < end and reachable(host):
+        time.sleep(0.5)
+
+
+def linger_at_exit(host, deadline):
+    """Register :func:`linger_while_up` to run when this process exits normally."""
+    if host in _LINGERING:
+        return
+    _LINGERING.add(host)
+    LOG.info("EPL: this worker holds split shards that worker 0 saves; at exit it waits "
+             "until worker 0 (%s) has finished (at most %d s)", host, deadline)
+    atexit.register(linger_while_up, host, deadline)
+
+
+_LINGERING = set()

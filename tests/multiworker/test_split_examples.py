@@ -48,3 +48,38 @@ def test_split_example_trains(example, workers, devices, tmp_path):
     for worker in range(1, workers):
         for (step, mine), (step0, first) in zip(losses[worker], losses[0]):
             assert step == step0 and mine == pytest.approx(first, rel=1e-3), (worker, step)
+
+
+SAVE_LINE = re.compile(r"^\[worker (\d+)\] global_step (\d+) shard_sum (\S+)")
+
+
+@pytest.mark.timeout(300)
+def test_replica_spanning_workers_saves_every_shard_and_restores(tmp_path):
+    """2 workers x 2 devices, split(4) under MonitoredTrainingSession: worker 0's
+    checkpoints (the final one too, written after worker 1 has finished) hold all four
+    shards; a second run restores each worker's shards from them."""
+    import numpy as np
+    import tensorflow.compat.v1 as tf
+    script = os.path.join(REPO, "tests", "multiworker", "scripts", "split_save.py")
+    ckpt = str(tmp_path / "ckpt")
+    runs = []
+    for steps in (5, 0):
+        code, output = run_launcher(["--num_workers", "2", "--gpu_per_worker", "2",
+                                     "--log_dir", str(tmp_path / ("logs%d" % steps)),
+                                     script, ckpt, str(steps)], timeout=200)
+        assert code == 0, output[-3000:]
+        runs.append(dict((int(m.group(1)), (int(m.group(2)), float(m.group(3))))
+                         for m in map(SAVE_LINE.match, output.splitlines()) if m))
+    trained, restored = runs
+    assert sorted(trained) == sorted(restored) == [0, 1]
+    assert all(step == 5 for step, _ in trained.values())
+    assert all(step == 5 for step, _ in restored.values())       # restored, not initialized
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(ckpt))
+    kernel = reader.get_tensor("classifier/kernel")
+    assert kernel.shape == (8, 11)
+    assert reader.get_tensor("global_step") == 5
+    full = sum(value for _, value in trained.values())
+    assert np.sum(kernel) == pytest.approx(full, rel=1e-5)
+    assert sum(value for _, value in restored.values()) == pytest.approx(full, rel=1e-5)
+    for worker in (0, 1):
+        assert restored[worker][1] == pytest.approx(trained[worker][1], rel=1e-6)

@@ -48,3 +48,42 @@ def test_split_spanning_workers_matches_unsplit(workers, devices, classes):
                                for k in copies["backbone/kernel"]])
     MEASURED.append((os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0], worst))
     assert worst < 2e-5
+
+
+def test_checkpoint_of_a_replica_spanning_workers_holds_every_shard(tmp_path):
+    """2 workers x 2 devices, split(4): worker 0 saves all four shards (two of them
+    read from worker 1's devices); every worker restores its own shards."""
+    workers, devices, classes, per_worker = 2, 2, 10, 4
+    x, y = _data(workers * per_worker * STEPS, classes)
+    path = str(tmp_path / "split")
+
+    def worker(index, restore):
+        rows_x = worker_rows(x, STEPS, workers, per_worker, index)
+        rows_y = worker_rows(y, STEPS, workers, per_worker, index)
+        loss, _ = _model(*_dataset(rows_x, rows_y, per_worker), classes,
+                         epl.replicate(4), epl.split(4))
+        train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
+        saver = tf.train.Saver(sharded=True)
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            if restore:
+                saver.restore(sess, path)
+            else:
+                sess.run(train)
+            values = copy_values(sess, "classifier/kernel"), copy_values(
+                sess, "classifier/kernel/Momentum")
+            if index == 0 and not restore:
+                saver.save(sess, path)
+            return values
+
+    config = epl.Config({"cluster.colocate_split_and_replicate": True})
+    trained = run_workers(lambda i: worker(i, False), workers, devices, config, timeout=240)
+    reader = tf.train.load_checkpoint(path)
+    for slot, name in enumerate(("classifier/kernel", "classifier/kernel/Momentum")):
+        full = np.concatenate([shard for values in trained for shard in values[slot]], axis=1)
+        np.testing.assert_array_equal(reader.get_tensor(name), full)
+    restored = run_workers(lambda i: worker(i, True), workers, devices, config, timeout=240)
+    for got, expected in zip(restored, trained):
+        for shards, want in zip(got, expected):
+            for shard, value in zip(shards, want):
+                np.testing.assert_array_equal(shard, value)
