@@ -259,7 +259,10 @@ def touches_state(op):
 
 _VARIABLE_READS = frozenset(["Identity", "RefIdentity", "ReadVariableOp", "VariableShape",
                              "VarIsInitializedOp", "IsVariableInitialized", "ResourceGather",
-                             "Enter", "RefEnter", "Switch", "RefSwitch"])
+                             "Enter", "RefEnter", "Switch", "RefSwitch",
+                             # savers read ref variables directly; they write files, not
+                             # variables (ZeRO once made every step save to "./model")
+                             "SaveV2", "Save", "SaveSlices"])
 
 
 _PASS_THROUGH = frozenset(["Identity", "RefIdentity", "Enter", "RefEnter", "Switch",

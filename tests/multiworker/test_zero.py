@@ -1,5 +1,7 @@
 """ZeRO on N workers x 1 device: states (v0) and gradient reduction (v1) partitioned,
 training unchanged."""
+import os
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -66,8 +68,13 @@ def test_zero_refuses_what_it_cannot_partition():
     assert run_workers(worker, 1, 2, epl.Config({"zero.level": "v1"})) == [True]
 
 
-def test_zero_refuses_a_checkpoint_missing_other_workers_slots(tmp_path):
-    """Worker 0 alone writes checkpoints; under ZeRO it lacks the others' Adam slots."""
+def test_zero_refuses_a_checkpoint_missing_other_workers_slots(tmp_path, monkeypatch):
+    """Worker 0 alone writes checkpoints; under ZeRO it lacks the others' Adam slots.
+    A training step never runs a saver (ZeRO once made every step write ./model)."""
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+
     def worker(index):
         epl.set_default_strategy(epl.replicate(1))
         x, y = make_data(8)
@@ -91,3 +98,4 @@ def test_zero_refuses_a_checkpoint_missing_other_workers_slots(tmp_path):
     assert refused is not None and "zero.level='v0'" in refused and "2 workers" in refused
     assert written is not None and written.endswith("-model")
     assert results[1] == (None, None)  # worker 1 never writes
+    assert os.listdir(str(workdir)) == []
