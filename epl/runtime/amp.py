@@ -28,12 +28,12 @@ Plugged into :mod:`epl.runtime.build_time`:
 import collections
 import inspect
 import logging
-import weakref
 
 from epl import tf_adapter
 from epl.config import ConfigError
 from epl.ir.graph import Graph
 from epl.ir.records import as_list
+from epl.runtime.graph_records import PerGraph
 from epl.runtime import amp_scale
 from epl.runtime.amp_convert import ForwardConverter
 from epl.tf_adapter import tf
@@ -42,7 +42,6 @@ INITIAL_SCALE = 2.0 ** 15
 GROWTH_INTERVAL = 2000
 
 LOG = logging.getLogger("epl.amp")
-_STATES = weakref.WeakKeyDictionary()     # epl.Graph -> AmpState
 
 
 class AmpState(object):
@@ -57,6 +56,9 @@ class AmpState(object):
     def converted(self):
         """[(original op name, float16 op name)] over every tf.gradients call."""
         return [pair for conversion in self.conversions for pair in conversion.converted]
+
+
+_STATES = PerGraph(AmpState)
 
 
 def applies(config):
@@ -78,15 +80,11 @@ def check_config(config):
 
 def state(graph=None):
     """AMP's records (:class:`AmpState`) for a ``tf.Graph`` (default graph), or None."""
-    view = Graph.get(graph, create=False)
-    return _STATES.get(view) if view is not None else None
+    return _STATES.for_graph(graph)
 
 
 def _state(view):
-    found = _STATES.get(view)
-    if found is None:
-        found = _STATES[view] = AmpState()
-    return found
+    return _STATES.of(view)
 
 
 def wrap_gradients(compute, view, config):

@@ -32,11 +32,10 @@ rest of that stage's backward. See docs/gradient_checkpoint.md.
 import collections
 import inspect
 import logging
-import weakref
 
 from epl.config import ConfigError
-from epl.ir.graph import Graph
 from epl.ir.records import as_list
+from epl.runtime.graph_records import PerGraph
 from epl.runtime import gc_graph, gc_select
 from epl.tf_adapter import tf
 
@@ -44,7 +43,6 @@ LOG = logging.getLogger("epl.gradient_checkpoint")
 RECOMPUTE_SCOPE = "EPL_GC_RECOMPUTE"
 CHECK_SCOPE = "EPL_GC_CHECK"
 RTOL, ATOL = 1e-4, 1e-6          # check_gradients: |gc - plain| <= ATOL + RTOL * max|plain|
-_STATES = weakref.WeakKeyDictionary()     # epl.Graph -> GcState
 
 
 class GcCall(object):
@@ -73,21 +71,20 @@ class GcState(object):
         self.warned = set()      # reasons already reported (once per graph)
 
 
+_STATES = PerGraph(GcState)
+
+
 def applies(config):
     return config.gradient_checkpoint.type in ("collection", "auto")
 
 
 def state(graph=None):
     """Records (:class:`GcState`) for a ``tf.Graph`` (default graph), or None."""
-    view = Graph.get(graph, create=False)
-    return _STATES.get(view) if view is not None else None
+    return _STATES.for_graph(graph)
 
 
 def _state(view):
-    found = _STATES.get(view)
-    if found is None:
-        found = _STATES[view] = GcState()
-    return found
+    return _STATES.of(view)
 
 
 def wrap_gradients(compute, view, config):
