@@ -231,10 +231,25 @@ def import_nodes(tf_graph, graph_def, input_map, prefix, return_elements):
         return gather(return_elements, tf_graph, results.results)
 
 
-def add(a, b):
-    """``a + b`` of two tensors of one dtype, built without the operator's Python
-    conversions (EPL builds one per variable and micro-batch)."""
-    return _gen_math.add_v2(a, b)
+def running_sum(tensors):
+    """``tensors[0] + tensors[1] + ...`` as a chain of two-input adds, in order.
+
+    Each add also carries a control input from its addend's op (redundant with
+    the data edge, so it changes no schedule). Why: grappler's arithmetic
+    optimizer folds a chain of adds into one AddN, and in the same optimizer
+    round the memory optimizer rewrites every AddN of more than two inputs into
+    temporary-variable updates, walking the whole fan-in of each one; on a
+    pipelined BERT-base (one chain per variable) that cost seconds of the first
+    step. Adds with control inputs are never folded; the dependency optimizer
+    drops the redundant edges only after the arithmetic optimizer has run, and
+    the memory optimizer runs in the first round only.
+    """
+    total = tensors[0]
+    for tensor in tensors[1:]:
+        total = _gen_math.add_v2(total, tensor)
+        # (tf.control_dependencies() drops a control input that is already a data input)
+        add_control_inputs(total.op, [tensor.op])
+    return total
 
 
 def with_unknown_rows(tensor):

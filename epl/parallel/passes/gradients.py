@@ -164,8 +164,9 @@ def _local_sum(ctx, item, copy, device):
         # them): each micro-batch's gradient is freed as soon as it is added, so
         # peak memory does not grow with num_micro_batch.
         with tf.device(device), tf.name_scope("EPL_MICRO_BATCH_SUM"):
-            for m in range(1, ctx.num_micro_batch):
-                total = tf_adapter.add(total, ctx.tensor_instance(item.grad, copy, m))
+            total = tf_adapter.running_sum(
+                [total] + [ctx.tensor_instance(item.grad, copy, m)
+                           for m in range(1, ctx.num_micro_batch)])
     if not total.shape.is_fully_defined():
         # gradients out of while loops or conds lose their static shape; fusion needs it
         with tf.device(device), tf.name_scope("EPL_GRADIENT_SHAPE"):

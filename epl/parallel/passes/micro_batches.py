@@ -50,21 +50,49 @@ class MicroBatchClone(Pass):
 def micro_batch_sources(ctx):
     """The ops each micro-batch needs a copy of: the forward and backward ops of the
     training step (not variables, not what only initializes them), except
-    constants without control inputs, which every micro-batch shares (they sit
-    on the stage's device already and are a quarter of a typical model's ops)."""
+    constant expressions, which every micro-batch shares (see
+    :func:`constant_expressions`)."""
     phases = (Phase.FORWARD, Phase.BACKWARD)
-    sources = []
-    for op in ctx.roles.cloned:
-        if ctx.view.info(op).phase not in phases or is_variable(op):
-            continue
-        if op.name not in ctx.roles.step or _shareable_constant(op):
-            continue
-        sources.append(op)
-    return sources
+    candidates = [op for op in ctx.roles.cloned
+                  if ctx.view.info(op).phase in phases and not is_variable(op)
+                  and op.name in ctx.roles.step]
+    shared = constant_expressions(candidates)
+    return [op for op in candidates if op.name not in shared]
 
 
-def _shareable_constant(op):
-    return op.type == "Const" and not op.control_inputs
+def constant_expressions(ops):
+    """Names of the ops in ``ops`` whose value is the same in every micro-batch:
+    constants and stateless ops computed from constants only (no control inputs).
+
+    They are a quarter of a typical model's ops (shapes, permutations and their
+    inverses, broadcast arguments in the backward pass); sharing them keeps them
+    on their stage's device as before and saves TensorFlow folding the same
+    expression once per micro-batch when the session starts.
+    """
+    names = set(op.name for op in ops)
+    shared = set()
+    pending = [op for op in ops if _may_be_constant(op)]
+    while pending:  # a fixed point: each round adds the ops whose inputs are now known
+        later = []
+        for op in pending:
+            if all(t.op.name in shared for t in op.inputs):
+                shared.add(op.name)
+            elif all(t.op.name in names and _may_be_constant(t.op) for t in op.inputs):
+                later.append(op)
+        if len(later) == len(pending):
+            break
+        pending = later
+    return shared
+
+
+def _may_be_constant(op):
+    return (not op.control_inputs and op.type not in _CONTROL_FLOW
+            and not tf_adapter.touches_state(op) and (op.type == "Const" or bool(op.inputs)))
+
+
+_CONTROL_FLOW = frozenset(["Enter", "RefEnter", "Exit", "RefExit", "Switch", "RefSwitch",
+                           "Merge", "RefMerge", "NextIteration", "RefNextIteration",
+                           "LoopCond", "Placeholder", "PlaceholderWithDefault"])
 
 
 def _order_shared_writes(ctx, sources):
