@@ -138,6 +138,11 @@ def add_control_inputs(op, control_ops):
         op._add_control_inputs(control_ops)  # pylint: disable=protected-access
 
 
+def control_outputs(op):
+    """The ops that take ``op`` as a control input."""
+    return list(op._control_outputs)  # pylint: disable=protected-access
+
+
 def update_input(op, index, tensor):
     """Rewire input ``index`` of an existing op to ``tensor``."""
     op._update_input(index, tensor)  # pylint: disable=protected-access
@@ -231,7 +236,7 @@ def import_nodes(tf_graph, graph_def, input_map, prefix, return_elements):
         return gather(return_elements, tf_graph, results.results)
 
 
-def running_sum(tensors):
+def running_sum(tensors, waits=None):
     """``tensors[0] + tensors[1] + ...`` as a chain of two-input adds, in order.
 
     Each add also carries a control input from its addend's op (redundant with
@@ -243,12 +248,16 @@ def running_sum(tensors):
     step. Adds with control inputs are never folded; the dependency optimizer
     drops the redundant edges only after the arithmetic optimizer has run, and
     the memory optimizer runs in the first round only.
+
+    ``waits[k]`` (optional) lists ops the add of ``tensors[k]`` also waits for.
     """
+    waits = waits or [[] for _ in tensors]
     total = tensors[0]
-    for tensor in tensors[1:]:
+    for position, tensor in enumerate(tensors[1:], 1):
         total = _gen_math.add_v2(total, tensor)
+        extra = waits[0] + waits[1] if position == 1 else waits[position]
         # (tf.control_dependencies() drops a control input that is already a data input)
-        add_control_inputs(total.op, [tensor.op])
+        add_control_inputs(total.op, [tensor.op] + list(extra))
     return total
 
 

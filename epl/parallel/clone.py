@@ -27,16 +27,26 @@ _ENTER_TYPES = ("Enter", "RefEnter")
 
 
 class CloneResult(object):
-    """Mapping from source op/tensor to its copy."""
+    """Mapping from source op/tensor to its copy.
+
+    A forwarded gate Identity (see :class:`Cloner`) has no copy of its own: its
+    output maps to the copy of the tensor it forwards (``aliases``), as an op it
+    maps to that tensor's producer, and ``gates`` lists the copies of the ops it
+    waited for, which whoever consumes the alias must wait for instead.
+    """
 
     def __init__(self, ops):
         self.ops = ops  # source op name -> new tf.Operation
+        self.aliases = {}  # source op name -> new tf.Tensor
+        self.gates = {}    # source op name -> [new tf.Operation]
 
     def op(self, source):
         return self.ops.get(source.name)
 
     def tensor(self, source):
         """Copy of a tensor if its producer was cloned, else None."""
+        if source.op.name in self.aliases:
+            return self.aliases[source.op.name]
         new_op = self.ops.get(source.op.name)
         return None if new_op is None else new_op.outputs[source.value_index]
 
@@ -50,11 +60,16 @@ class Cloner(object):
     and the clone's version of ``inputs`` (cloned where the producer is in the
     set, else the original or its replacement); the built op must have the
     source op's outputs.
+
+    ``gates`` (optional :class:`epl.parallel.gates.GradientGates` of the set) are
+    left out of the copies: a consumer of a forwarded Identity reads the copy of
+    what it forwards and waits for the copies of the gate's members.
     """
 
-    def __init__(self, tf_graph, ops, specialized=None):
+    def __init__(self, tf_graph, ops, specialized=None, gates=None):
         self.tf_graph = tf_graph
-        self.ops = list(ops)
+        self.gates = gates
+        self.ops = [op for op in ops if gates is None or not gates.skipped(op.name)]
         self.names = set(op.name for op in self.ops)
         self.specialized = dict(specialized or {})
         self._template = tf.GraphDef()
@@ -77,15 +92,24 @@ class Cloner(object):
         node.CopyFrom(op.node_def)
         _drop_outside_colocation(node, self.names)
         del node.input[:]
+        controls = list(op.control_inputs)
         for tensor in op.inputs:
+            if self.gates is not None and tensor.op.name in self.gates.forwarded:
+                controls.extend(self.gates.waits(tensor.op.name))
+                tensor = self.gates.source(tensor)
             ref = _tensor_ref(tensor)
             if tensor.op.name in self._placeholders:
                 ref = self._placeholders[tensor.op.name][tensor.value_index]
             elif tensor.op.name not in self.names:
                 self._outside[ref] = tensor
             node.input.append(ref)
-        outside = []
-        for control in op.control_inputs:
+        if self.gates is not None:
+            controls = [c for control in controls for c in self.gates.resolve_control(control)]
+        outside, seen = [], set()
+        for control in controls:
+            if control.name in seen:
+                continue
+            seen.add(control.name)
             if control.name in self.names and control.name not in self.specialized:
                 node.input.append("^" + control.name)
             else:
@@ -127,6 +151,10 @@ class Cloner(object):
                                                returned)
         result = CloneResult(dict(zip(returned, imported)))
         self._build_specialized(result, prefix, replace, device_of, tag)
+        for name, tensor in (self.gates.forwarded.items() if self.gates else ()):
+            result.aliases[name] = _cloned(self.gates.source(tensor), result, replace)
+            result.ops[name] = result.aliases[name].op
+            result.gates[name] = [result.ops.get(m.name, m) for m in self.gates.waits(name)]
         for name, controls in self._control_edges.items():
             tf_adapter.add_control_inputs(
                 result.ops[name], [result.ops.get(c.name, c) for c in controls])
@@ -155,10 +183,16 @@ class Cloner(object):
             if op.name not in self.specialized:
                 continue
             builder, sources = self.specialized[op.name]
+            waits = []
+            if self.gates is not None:  # read what a gate forwards, after its members
+                waits = [m for t in sources if t.op.name in self.gates.forwarded
+                         for m in self.gates.waits(t.op.name)]
+                sources = [self.gates.source(t) for t in sources]
             inputs = [_cloned(t, result, replace) for t in sources]
             with self.tf_graph.as_default(), tf.name_scope(None), tf.device(
                     device_of(op) if device_of is not None else op.device):
                 new_op = builder(tag, inputs)
+            tf_adapter.add_control_inputs(new_op, [result.ops.get(m.name, m) for m in waits])
             result.ops[op.name] = new_op
             for ref, new in zip(self._placeholders[op.name], new_op.outputs):
                 placeholder = self.tf_graph.get_tensor_by_name("%s/%s" % (prefix, ref))

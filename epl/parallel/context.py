@@ -38,7 +38,10 @@ class RewriteContext(object):
 
     ``copies`` are this worker's :class:`epl.parallel.mesh.Copy` records: copy 0
     is the user's graph, the others are clones. ``instances[(copy, micro_batch)]``
-    maps a user op name to its clone (shared ops map to themselves).
+    maps a user op name to its clone (shared ops map to themselves); a forwarding
+    Identity that a copy does without maps to the producer of what it forwards,
+    and ``aliases[(copy, micro_batch)]`` maps its name to that tensor, ``gates``
+    to the ops a consumer of that tensor must wait for.
     ``records`` holds the build-time gradient and apply calls of the IR.
     """
 
@@ -52,6 +55,10 @@ class RewriteContext(object):
         self.copies = plan.copies_of(self.worker)
         self.num_micro_batch = plan.num_micro_batch if plan.pipeline else 1
         self.instances = {}
+        self.aliases = {}
+        self.gates = {}
+        self.dropped = {}  # (copy, micro_batch) -> names of user ops the copy has no op for
+        self.shared_constants = set()  # constant expressions all micro-batches share
         self.roles = None
         self.keys = KeyRegistry()
         self.epl_variables = []    # EPL's own state (accumulators), initialized by the sync op
@@ -115,11 +122,36 @@ class RewriteContext(object):
         """The op standing for user op ``op`` in (copy, micro_batch)."""
         if copy == 0 and micro_batch == 0:
             return op
+        if op.name in self.dropped.get((copy, micro_batch), ()):
+            raise RuntimeError("EPL internal error: copy %d, micro-batch %d has no op for "
+                               "gradient gate %s" % (copy, micro_batch, op.name))
         return self.instances.get((copy, micro_batch), {}).get(op.name, op)
 
     def tensor_instance(self, tensor, copy, micro_batch=0):
+        alias = self.aliases.get((copy, micro_batch), {}).get(tensor.op.name)
+        if alias is not None:
+            return alias
         op = self.instance(tensor.op, copy, micro_batch)
         return op.outputs[tensor.value_index]
+
+    def record_gates(self, key, result, gates):
+        """Record what clone ``result`` (instance ``key``) has instead of ``gates``."""
+        self.aliases[key] = dict(result.aliases)
+        self.gates[key] = dict(result.gates)
+        self.dropped[key] = set(gates.dropped) if gates is not None else set()
+        table = self.instances.setdefault(key, {})
+        for name, tensor in result.aliases.items():
+            table[name] = tensor.op
+
+    def skipped_ops(self, copy, micro_batch):
+        """Names of user ops that (copy, micro_batch) has no op of its own for."""
+        key = (copy, micro_batch)
+        return set(self.aliases.get(key, ())) | self.dropped.get(key, set())
+
+    def gate_instances(self, tensor, copy, micro_batch=0):
+        """The ops a consumer of ``tensor_instance(tensor, ...)`` must wait for: the
+        gradient gates of a forwarding Identity the copy does without, else none."""
+        return self.gates.get((copy, micro_batch), {}).get(tensor.op.name, [])
 
     def is_cloned(self, op):
         return op.name not in self.roles.shared

@@ -11,6 +11,7 @@ from tensorflow.python.grappler import tf_optimizer
 import epl
 from epl.cluster import Cluster
 from epl.parallel import rewriter
+from epl.parallel.gates import GradientGates
 from epl.parallel.passes.micro_batches import constant_expressions
 from eplutil import dataset_input, initial_weights, make_data, staged_mlp, train_step
 
@@ -92,3 +93,44 @@ def test_pipeline_clones_do_not_copy_constant_expressions():
     assert copied and not [op for op in copied if op.type == "Const" and not op.control_inputs]
     shared = constant_expressions([op for op in ops if not op.name.startswith("EPL_")])
     assert not [op for op in copied if op.name[len("EPL_MICRO_BATCH_1/"):] in shared]
+
+
+def test_copies_do_without_gradient_gates_but_keep_their_order():
+    """Micro-batch copies have no ``tuple/`` gate ops; the sum of d2/kernel's
+    gradient still waits for the op of the same micro-batch that reads d2/kernel
+    to compute d1's gradient (else the update could change the weight under it)."""
+    _pipelined_train_op()
+    ops = tf.get_default_graph().get_operations()
+    assert [op for op in ops if "/tuple/" in op.name and not op.name.startswith("EPL_")]
+    assert not [op for op in ops if op.name.startswith("EPL_MICRO_BATCH_1/")
+                and "/tuple/" in op.name]
+    reader = tf.get_default_graph().get_operation_by_name(
+        "EPL_MICRO_BATCH_1/gradients/d2/MatMul_grad/MatMul")
+    assert [t for t in reader.inputs if t.op.name.endswith("d2/kernel/read")]
+    adds = [op for op in ops if op.name.startswith("EPL_MICRO_BATCH_SUM")
+            and any(t.op.name == "EPL_MICRO_BATCH_1/gradients/d2/MatMul_grad/MatMul_1"
+                    for t in op.inputs)]
+    assert len(adds) == 1 and reader in adds[0].control_inputs
+
+
+def test_gradient_gates_follow_chains_of_forwards():
+    """AddN's gradient hands the same gated tensor to each input: the second gate
+    forwards the first; a copy reads the producer and waits for both gates' members."""
+    graph = tf.Graph()
+    with graph.as_default():
+        w = tf.get_variable("w", initializer=tf.constant([1.0, 2.0]))
+        v = tf.get_variable("v", initializer=tf.constant([3.0, 4.0]))
+        loss = tf.reduce_sum(tf.add_n([w * v, w * w]) * 2.0)
+        tf.train.GradientDescentOptimizer(0.1).compute_gradients(loss)
+    gates = GradientGates(graph.get_operations())
+    assert gates.forwarded and gates.dropped
+    chained = [name for name, tensor in gates.forwarded.items()
+               if tensor.op.name in gates.forwarded]
+    assert chained
+    for name in chained:
+        source = gates.source(graph.get_tensor_by_name(name + ":0"))
+        assert source.op.name not in gates.forwarded and source.op.type != "Identity"
+        upstream = gates.forwarded[name].op.name
+        assert set(op.name for op in gates.waits(upstream)) <= set(
+            op.name for op in gates.waits(name))
+        assert not [op for op in gates.waits(name) if gates.skipped(op.name)]

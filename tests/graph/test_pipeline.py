@@ -5,6 +5,7 @@ import tensorflow.compat.v1 as tf
 
 import epl
 from epl.cluster import Cluster
+from epl.ir.phase import Phase
 from epl.parallel.plan import PlanError
 from eplutil import (copy_values, dataset_input, initial_weights, make_data, max_diff, mlp,
                      serial_train, staged_mlp, train_step)
@@ -97,6 +98,7 @@ def test_execution_order_follows_the_schedule():
         for node in device.node_stats:
             start[node.node_name] = node.all_start_micros
             end[node.node_name] = node.all_start_micros + node.op_end_rel_micros
+    crossing = _ops_reading_other_actions(epl.Graph.get())
     checked = 0
     for stage in range(2):
         actions = program.schedule.stage(stage)
@@ -104,10 +106,33 @@ def test_execution_order_follows_the_schedule():
             key_b = (before.stage, before.kind, before.micro_batch)
             key_a = (after.stage, after.kind, after.micro_batch)
             done = max(end[op.name] for op in exits[key_b] if op.name in end)
-            begun = min(start[op.name] for op in entrances[key_a] if op.name in start)
+            # not only the ops the barrier gates: every op of the next action that
+            # reads another action's output starts after this one's exits
+            begun = min(start[op.name] for op in crossing[key_a] if op.name in start)
             assert done <= begun, (str(before), str(after))
+            assert set(op.name for op in entrances[key_a]) <= set(
+                op.name for op in crossing[key_a])
             checked += 1
     assert checked == 2 * (2 * 4 - 1)
+
+
+def _ops_reading_other_actions(view):
+    """{(stage, kind, micro-batch): ops of that action with an input from outside it}."""
+    kinds = {Phase.FORWARD: "F", Phase.BACKWARD: "B"}
+
+    def key(op):
+        info = view.info(op)
+        if info is None or info.copy != 0 or info.phase not in kinds:
+            return None
+        return (info.taskgraph, kinds[info.phase], info.micro_batch)
+
+    found = {}
+    for op in tf.get_default_graph().get_operations():
+        own = key(op)
+        if own is not None and any(key(t.op) != own and t.op.type != "Const"
+                                   for t in op.inputs):
+            found.setdefault(own, []).append(op)
+    return found
 
 
 def test_devices_must_divide_by_pipeline_width(caplog):

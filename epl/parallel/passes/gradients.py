@@ -149,30 +149,39 @@ def _by_group(plan):
 # ---- step 1: micro-batches ---------------------------------------------------------
 def _local_sum(ctx, item, copy, device):
     """This copy's gradient over the micro-batches of a pipeline step."""
+    micro_batches = range(ctx.num_micro_batch)
     if isinstance(item.grad, tf.IndexedSlices):
-        values = [ctx.tensor_instance(item.grad.values, copy, m)
-                  for m in range(ctx.num_micro_batch)]
-        indices = [ctx.tensor_instance(item.grad.indices, copy, m)
-                   for m in range(ctx.num_micro_batch)]
-        if len(values) == 1:
-            return Local(values[0], indices[0], None)
+        values = [ctx.tensor_instance(item.grad.values, copy, m) for m in micro_batches]
+        indices = [ctx.tensor_instance(item.grad.indices, copy, m) for m in micro_batches]
+        gates = [gate for m in micro_batches for part in (item.grad.values, item.grad.indices)
+                 for gate in ctx.gate_instances(part, copy, m)]
         with tf.device(device), tf.name_scope("EPL_MICRO_BATCH_SUM"):
-            return Local(tf.concat(values, 0), tf.concat(indices, 0), None)
-    total = ctx.tensor_instance(item.grad, copy)
-    if ctx.num_micro_batch > 1:
+            if len(values) == 1:
+                return Local(_after(values[0], gates), indices[0], None)
+            return Local(_after(tf.concat(values, 0), gates), tf.concat(indices, 0), None)
+    parts = [ctx.tensor_instance(item.grad, copy, m) for m in micro_batches]
+    gates = [ctx.gate_instances(item.grad, copy, m) for m in micro_batches]
+    with tf.device(device), tf.name_scope("EPL_MICRO_BATCH_SUM"):
         # A running sum in micro-batch order (not add_n, which waits for all of
         # them): each micro-batch's gradient is freed as soon as it is added, so
         # peak memory does not grow with num_micro_batch.
-        with tf.device(device), tf.name_scope("EPL_MICRO_BATCH_SUM"):
-            total = tf_adapter.running_sum(
-                [total] + [ctx.tensor_instance(item.grad, copy, m)
-                           for m in range(1, ctx.num_micro_batch)])
+        total = (tf_adapter.running_sum(parts, gates) if len(parts) > 1
+                 else _after(parts[0], gates[0]))
     if not total.shape.is_fully_defined():
         # gradients out of while loops or conds lose their static shape; fusion needs it
         with tf.device(device), tf.name_scope("EPL_GRADIENT_SHAPE"):
             shape = _copy_shape(ctx, item.var.op, copy) or item.var.shape.as_list()
             total = tf.reshape(total, shape)
     return Local(total, None, None)
+
+
+def _after(tensor, gates):
+    """``tensor``, read only after ``gates`` (the gradient gates of a copy that does
+    without the forwarding Identity; see ``epl.parallel.clone.gradient_gates``)."""
+    if not gates:
+        return tensor
+    with tf.control_dependencies(gates):
+        return tf.identity(tensor)
 
 
 # ---- step 2: gradient accumulation -------------------------------------------------

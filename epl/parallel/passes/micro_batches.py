@@ -3,6 +3,7 @@ from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.ir.traverse import control_flow_interior
 from epl.parallel.clone import Cloner
+from epl.parallel.gates import gradient_gates
 from epl.parallel.passes import REPLICATE, Pass
 from epl.parallel.roles import is_variable
 
@@ -22,24 +23,29 @@ class MicroBatchClone(Pass):
     name = "micro_batch_clone"
     phase = REPLICATE
     reads = ("roles", "num_micro_batch")
-    writes = ("instances[(0, m)]", "IR clones")
+    writes = ("instances[(0, m)]", "aliases", "gates", "dropped", "shared_constants",
+              "IR clones")
 
     def applies(self, ctx):
         return ctx.num_micro_batch > 1
 
     def run(self, ctx):
-        sources = micro_batch_sources(ctx)
+        sources, ctx.shared_constants = micro_batch_sources(ctx)
         specialized = dict((op.name, ctx.view.specialized[op.name]) for op in sources
                            if op.name in ctx.view.specialized)
+        gates = gradient_gates(sources)
         cloner = Cloner(ctx.tf_graph, sources, dict(
             (name, (lambda tag, inputs, build=spec.builder: build(tag[0], tag[1], inputs),
                     spec.inputs))
-            for name, spec in specialized.items()))
+            for name, spec in specialized.items()), gates)
         for micro_batch in range(1, ctx.num_micro_batch):
             result = cloner.clone(MICRO_BATCH_PREFIX % micro_batch,
                                   device_of=lambda src: src.device, tag=(0, micro_batch))
             table = ctx.instances.setdefault((0, micro_batch), {})
+            ctx.record_gates((0, micro_batch), result, gates)
             for source in sources:
+                if gates is not None and gates.skipped(source.name):
+                    continue
                 new_op = result.ops[source.name]
                 table[source.name] = new_op
                 ctx.view.record_clone(new_op, ctx.view.info(source), 0, micro_batch,
@@ -48,16 +54,17 @@ class MicroBatchClone(Pass):
 
 
 def micro_batch_sources(ctx):
-    """The ops each micro-batch needs a copy of: the forward and backward ops of the
-    training step (not variables, not what only initializes them), except
-    constant expressions, which every micro-batch shares (see
-    :func:`constant_expressions`)."""
+    """(ops each micro-batch needs a copy of, names of the ops they share).
+
+    Copies are made of the forward and backward ops of the training step (not
+    variables, not what only initializes them), except constant expressions,
+    which every micro-batch shares (see :func:`constant_expressions`)."""
     phases = (Phase.FORWARD, Phase.BACKWARD)
     candidates = [op for op in ctx.roles.cloned
                   if ctx.view.info(op).phase in phases and not is_variable(op)
                   and op.name in ctx.roles.step]
     shared = constant_expressions(candidates)
-    return [op for op in candidates if op.name not in shared]
+    return [op for op in candidates if op.name not in shared], shared
 
 
 def constant_expressions(ops):

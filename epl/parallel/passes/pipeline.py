@@ -78,16 +78,17 @@ def _action_keys(ctx, copy):
     keys = {}
     for op in ancestor_ops(roots):
         info = ctx.view.info(op)
-        if info is not None and info.copy == copy and info.phase in _KINDS and not _free(op):
+        if info is not None and info.copy == copy and info.phase in _KINDS \
+                and not _free(op, ctx.shared_constants):
             keys[id(op)] = (op, (info.taskgraph, _KINDS[info.phase], info.micro_batch))
     return keys
 
 
-def _free(op):
-    """Constants belong to no action: micro-batches share them, and reading one
-    orders nothing (counting their readers as entrances would put a control edge
-    on a quarter of the model's ops)."""
-    return op.type == "Const" and not op.control_inputs
+def _free(op, shared):
+    """Constants and the constant expressions micro-batches share (``shared``)
+    belong to no action: reading one orders nothing (counting their readers as
+    entrances would put a control edge on a quarter of the model's ops)."""
+    return (op.type == "Const" and not op.control_inputs) or op.name in shared
 
 
 def _key_of(keys, op):
@@ -101,19 +102,34 @@ def _boundaries(ctx, keys, no_entrance, no_exit):
     One walk over the inputs of the step's ops (and of EPL's and the apply
     phase's ops, which read gradients) finds both sides of every crossing;
     asking each op for its consumers instead costs a C call per tensor.
+
+    An op that reads from another action is an entrance only if nothing of its
+    own action that already waits for the barrier feeds it: such an op waits
+    through that input. Walking in creation order (a topological order of data
+    edges) finds those; on a BERT-base pipeline this keeps the barriers' edges
+    to the few ops where an action starts instead of every backward op reading a
+    forward activation (thousands of edges TensorFlow's optimizer walks at
+    session start).
     """
-    entrances, leaving = {}, set()
-    for op, key in keys.values():
-        crosses = False
+    entrances, leaving, waiting = {}, set(), set()
+    for op, key in sorted(keys.values(), key=lambda item: tf_adapter.op_id(item[0])):
+        crosses, fed = False, False
         for tensor in op.inputs:
             producer = tensor.op
             other = _key_of(keys, producer)
             if other != key:
                 if other is not None:
                     leaving.add(id(producer))
-                crosses = crosses or not _free(producer)
-        if crosses and op.name not in no_entrance:
+                crosses = crosses or not _free(producer, ctx.shared_constants)
+            elif id(producer) in waiting:
+                fed = True
+        fed = fed or any(id(c) in waiting and _key_of(keys, c) == key
+                         for c in op.control_inputs)
+        if fed:
+            waiting.add(id(op))
+        elif crosses and op.name not in no_entrance:
             entrances.setdefault(key, []).append(op)
+            waiting.add(id(op))
     for op in _readers_outside_actions(ctx):
         leaving.update(id(t.op) for t in op.inputs)
     exits = {}

@@ -1,5 +1,6 @@
 """Clone the user's model once per extra local copy (replicas 1..k-1)."""
 from epl.parallel.clone import Cloner
+from epl.parallel.gates import gradient_gates
 from epl.parallel.passes import REPLICATE, Pass
 
 REPLICA_PREFIX = "EPL_REPLICA_%d"
@@ -27,7 +28,10 @@ class ReplicaClone(Pass):
     def run(self, ctx):
         sources, user_of = [], {}
         for micro_batch in range(ctx.num_micro_batch):
+            skipped = ctx.skipped_ops(0, micro_batch)
             for op in ctx.roles.cloned:
+                if op.name in skipped:
+                    continue  # the micro-batch copy has no op of its own here
                 source = ctx.instance(op, 0, micro_batch)
                 if micro_batch == 0 or source is not op:
                     sources.append(source)
@@ -41,12 +45,17 @@ class ReplicaClone(Pass):
                 specialized[source.name] = (
                     lambda tag, inputs, build=spec.builder, m=micro_batch: build(tag, m, inputs),
                     inputs)
-        cloner = Cloner(ctx.tf_graph, sources, specialized)
+        gates = gradient_gates(sources)
+        cloner = Cloner(ctx.tf_graph, sources, specialized, gates)
         for copy in range(1, len(ctx.copies)):
             result = cloner.clone(
                 REPLICA_PREFIX % copy, tag=copy,
                 device_of=lambda src, c=copy: ctx.device_for(user_of[src.name][0], c))
+            _record_aliases(ctx, copy, result, gates)
             for source in sources:
+                if gates is not None and gates.skipped(source.name):
+                    _gate_extras(ctx, source, result, gates)
+                    continue
                 user_op, micro_batch = user_of[source.name]
                 new_op = result.ops[source.name]
                 ctx.instances.setdefault((copy, micro_batch), {})[user_op.name] = new_op
@@ -54,3 +63,34 @@ class ReplicaClone(Pass):
                                       user_op.name)
                 if micro_batch == 0:
                     ctx.program.add_extras(user_op.name, [new_op])
+
+
+def _record_aliases(ctx, copy, result, gates):
+    """Gradient gates that copy ``copy`` does without: copy 0's (skipped by this
+    clone) and each micro-batch's (skipped by the micro-batch clone)."""
+    ctx.record_gates((copy, 0), result, gates)
+    for micro_batch in range(1, ctx.num_micro_batch):
+        key = (copy, micro_batch)
+        ctx.aliases[key] = dict((name, _cloned_or_shared(result, tensor)) for name, tensor
+                                in ctx.aliases.get((0, micro_batch), {}).items())
+        ctx.gates[key] = dict((name, [result.ops.get(g.name, g) for g in ops]) for name, ops
+                              in ctx.gates.get((0, micro_batch), {}).items())
+        ctx.dropped[key] = set(ctx.dropped.get((0, micro_batch), ()))
+        table = ctx.instances.setdefault(key, {})
+        for name, tensor in ctx.aliases[key].items():
+            table[name] = tensor.op
+
+
+def _gate_extras(ctx, source, result, gates):
+    """Fetching a gate op of copy 0 runs what each copy has instead of it."""
+    if source.name in gates.forwarded:
+        extras = [result.ops[source.name]] + result.gates[source.name]
+    else:
+        extras = [result.ops.get(c.name, c) for member in source.control_inputs
+                  for c in gates.resolve_control(member)]
+    ctx.program.add_extras(source.name, extras)
+
+
+def _cloned_or_shared(result, tensor):
+    copy = result.tensor(tensor)
+    return tensor if copy is None else copy

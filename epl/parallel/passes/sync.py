@@ -64,6 +64,8 @@ class VariableSync(Pass):
         for position, copies in sorted(holders.items(), key=lambda item: (item[0] is not None,
                                                                           item[0])):
             group = tg_plan.sync_group(position)
+            if group.size == 1 and len(copies) == 1:
+                continue  # the only holder: nothing to send or assign
             leader = copies[0]
             source, leader_ops = _leader_value(ctx, var_op, taskgraph, leader, group, position)
             ops += leader_ops
