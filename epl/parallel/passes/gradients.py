@@ -42,7 +42,8 @@ class GradientAggregation(Pass):
 
     name = "gradient_aggregation"
     phase = LOWER
-    reads = ("apply and gradient records", "copies", "instances", "plan groups")
+    reads = ("apply and gradient records", "copies", "instances", "aliases", "gates",
+             "plan groups")
     writes = ("collectives", "accumulators", "rewired gradient consumers",
               "program.gradient_plans")
 

@@ -20,7 +20,8 @@ class ReplicaClone(Pass):
     name = "replica_clone"
     phase = REPLICATE
     reads = ("roles", "copies", "instances")
-    writes = ("instances[(c, m)]", "IR clones", "program.extras")
+    writes = ("instances[(c, m)]", "aliases", "gates", "dropped", "IR clones",
+              "program.extras")
 
     def applies(self, ctx):
         return len(ctx.copies) > 1
