@@ -2,6 +2,19 @@
 
 _LOOP_ENTRY, _LOOP_EXIT = ("Enter", "RefEnter"), ("Exit", "RefExit")
 _MERGE, _SWITCH = ("Merge", "RefMerge"), ("Switch", "RefSwitch")
+# The op types of TF1 (non-functional) control flow.
+CONTROL_FLOW_TYPES = frozenset(_LOOP_ENTRY + _LOOP_EXIT + _SWITCH + _MERGE + (
+    "NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"))
+
+
+def unique_ops(ops):
+    """``ops`` without repeats, in first-seen order."""
+    seen, result = set(), []
+    for op in ops:
+        if id(op) not in seen:
+            seen.add(id(op))
+            result.append(op)
+    return result
 
 
 def ancestors(roots, stop=None):

@@ -134,13 +134,14 @@ class RewriteContext(object):
         op = self.instance(tensor.op, copy, micro_batch)
         return op.outputs[tensor.value_index]
 
-    def record_gates(self, key, result, gates):
-        """Record what clone ``result`` (instance ``key``) has instead of ``gates``."""
-        self.aliases[key] = dict(result.aliases)
-        self.gates[key] = dict(result.gates)
-        self.dropped[key] = set(gates.dropped) if gates is not None else set()
+    def record_gates(self, key, aliases, gates, dropped):
+        """Record what instance ``key`` has instead of the gradient gates it does
+        without: {name: forwarded tensor}, {name: ops to wait for}, dropped names."""
+        self.aliases[key] = dict(aliases)
+        self.gates[key] = dict(gates)
+        self.dropped[key] = set(dropped)
         table = self.instances.setdefault(key, {})
-        for name, tensor in result.aliases.items():
+        for name, tensor in aliases.items():
             table[name] = tensor.op
 
     def skipped_ops(self, copy, micro_batch):

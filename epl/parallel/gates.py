@@ -18,6 +18,7 @@ so do EPL's gradient sums (``RewriteContext.gate_instances``).
 import re
 
 from epl import tf_adapter
+from epl.ir.traverse import unique_ops
 
 _GATE_NAME = re.compile(r"(^|/)tuple(_\d+)?/group_deps$")
 
@@ -68,14 +69,14 @@ class GradientGates(object):
             upstream = self.forwarded[name].op.name
             if upstream in self.forwarded:
                 found.extend(self.waits(upstream))
-            self._waits[name] = _unique(found)
+            self._waits[name] = unique_ops(found)
         return self._waits[name]
 
     def resolve_control(self, op):
         """What a control input on ``op`` becomes in a copy."""
         if op.name not in self.forwarded:
             return [op]
-        return _unique([self.source(op.outputs[0]).op] + self.waits(op.name))
+        return unique_ops([self.source(op.outputs[0]).op] + self.waits(op.name))
 
 
 def gradient_gates(ops):
@@ -92,12 +93,3 @@ def _gate_of(op):
     if gate.type == "NoOp" and _GATE_NAME.search(gate.name):
         return gate
     return None
-
-
-def _unique(ops):
-    seen, kept = set(), []
-    for op in ops:
-        if op.name not in seen:
-            seen.add(op.name)
-            kept.append(op)
-    return kept

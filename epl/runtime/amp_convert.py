@@ -24,7 +24,7 @@ import contextlib
 
 from epl import tf_adapter
 from epl.ir.phase import Phase
-from epl.ir.traverse import control_flow_interior
+from epl.ir.traverse import CONTROL_FLOW_TYPES as _CONTROL_FLOW, control_flow_interior
 from epl.runtime import amp_lists
 from epl.runtime.amp_paint import paint
 from epl.tf_adapter import tf
@@ -33,9 +33,6 @@ HALF_SUFFIX = "_EPL_AMP_fp16"
 CAST_SUFFIX = "_EPL_AMP_cast_fp16"
 BACK_SUFFIX = "_EPL_AMP_cast_fp32"
 RECAST_SUFFIX = "_EPL_AMP_recast_fp16"
-_CONTROL_FLOW = frozenset(["Enter", "RefEnter", "Exit", "RefExit", "Switch", "RefSwitch",
-                           "Merge", "RefMerge", "NextIteration", "RefNextIteration",
-                           "LoopCond"])
 _WEIGHT_SOURCES = frozenset(["Const", "VariableV2", "Variable", "VarHandleOp"])
 _VARIABLE_READS = frozenset(["ReadVariableOp", "ResourceGather"])
 _FED = frozenset(["Placeholder", "PlaceholderV2", "PlaceholderWithDefault"])

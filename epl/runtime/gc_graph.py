@@ -13,12 +13,11 @@ import heapq
 
 from epl import tf_adapter
 from epl.ir.phase import Phase
+from epl.ir.traverse import CONTROL_FLOW_TYPES as _CONTROL_FLOW
 from epl.tf_adapter import tf
 
 _LOOP_ENTRY, _LOOP_EXIT = ("Enter", "RefEnter"), ("Exit", "RefExit")
 _SWITCH, _MERGE = ("Switch", "RefSwitch"), ("Merge", "RefMerge")
-_CONTROL_FLOW = frozenset(_LOOP_ENTRY + _LOOP_EXIT + _SWITCH + _MERGE + (
-    "NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"))
 # Function calls and functional control flow: their bodies are not ours to copy.
 _CALLS = frozenset(["If", "StatelessIf", "While", "StatelessWhile", "PartitionedCall",
                     "StatefulPartitionedCall", "SymbolicGradient", "Case"])

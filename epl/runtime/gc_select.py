@@ -14,6 +14,7 @@ Selection works on ops: a checkpoint op keeps every output the backward needs.
 import collections
 import math
 
+from epl.ir.traverse import unique_ops
 from epl.runtime import gc_graph
 
 COLLECTION = "checkpoints"
@@ -60,7 +61,7 @@ def from_collection(region, graph):
                 "tf.while_loop or tf.cond; checkpoint a tensor outside the loop or branch"
                 % tensor.name)
         ops.append(tensor.op)
-    return Selection(_unique(ops), "collection")
+    return Selection(unique_ops(ops), "collection")
 
 
 def _resolve(graph, entry):
@@ -151,7 +152,7 @@ def repeated_blocks(region, candidates):
         exits.extend(op for op in groups[prefix] if id(op) in allowed and any(
             id(c) not in members for c in region.consumers(op)))
     exits = [op for op in exits if region.boundary(op)]
-    return (prefixes, gc_graph.by_creation(_unique(exits))) if exits else None
+    return (prefixes, gc_graph.by_creation(unique_ops(exits))) if exits else None
 
 
 def _histogram(ops):
@@ -227,12 +228,3 @@ def _depths(region):
     for op in region.ops:
         depth[id(op)] = max([depth.get(id(t.op), -1) for t in op.inputs] + [-1]) + 1
     return depth
-
-
-def _unique(ops):
-    seen, result = set(), []
-    for op in ops:
-        if id(op) not in seen:
-            seen.add(id(op))
-            result.append(op)
-    return result

@@ -35,6 +35,7 @@ import logging
 
 from epl.config import ConfigError
 from epl.ir.records import as_list
+from epl.ir.traverse import unique_ops
 from epl.runtime.graph_records import PerGraph
 from epl.runtime import gc_graph, gc_select
 from epl.tf_adapter import tf
@@ -187,7 +188,7 @@ def _checkpoints(region, selected):
         if not region.may_recompute(op):
             chosen += [t.op for t in op.inputs if t.op in region and gc_graph.differentiable(t)]
     kept = [op for op in chosen if region.may_recompute(op) and region.boundary(op)]
-    return gc_graph.by_creation(_unique(kept))
+    return gc_graph.by_creation(unique_ops(kept))
 
 
 def _saves_memory(region, checkpoints):
@@ -246,7 +247,7 @@ class _Builder(object):
     def _differentiate(self, roots, grad_ys, gate):
         """One ``tf.gradients`` from ``roots`` (original tensors) down to the
         checkpoints and xs they reach; parts are collected for both."""
-        root_ops = _unique([t.op for t in roots])
+        root_ops = unique_ops([t.op for t in roots])
         new = gc_graph.to_copy(self.region, root_ops, self.stops, self.copies)
         made = gc_graph.copy_ops(self.view, new, RECOMPUTE_SCOPE, self.copies)
         for original, copy in zip(new, made):
@@ -291,7 +292,7 @@ def _wait_for(made, grads):
     """Copies that read no other new copy start only once ``grads`` exist, so a
     level is recomputed when backprop reaches it, not during the forward pass."""
     new = set(id(op) for op in made)
-    gates = _unique([_op_of(g) for g in grads if g is not None])
+    gates = unique_ops([_op_of(g) for g in grads if g is not None])
     for op in made:
         if not any(id(t.op) in new for t in op.inputs):
             from epl import tf_adapter
@@ -404,12 +405,3 @@ def _log(record, region):
     LOG.info("EPL gradient checkpointing (%s): %d checkpoint op(s), %d op(s) recomputed "
              "of %d forward op(s), %d gradient call(s)", record.method,
              len(record.checkpoints), len(record.recomputed), len(region.ops), record.levels)
-
-
-def _unique(ops):
-    seen, result = set(), []
-    for op in ops:
-        if id(op) not in seen:
-            seen.add(id(op))
-            result.append(op)
-    return result

@@ -1,7 +1,7 @@
 """Pipeline micro-batches: clone forward and backward ops of copy 0 per micro-batch."""
 from epl import tf_adapter
 from epl.ir.phase import Phase
-from epl.ir.traverse import control_flow_interior
+from epl.ir.traverse import CONTROL_FLOW_TYPES, control_flow_interior
 from epl.parallel.clone import Cloner
 from epl.parallel.gates import gradient_gates
 from epl.parallel.passes import REPLICATE, Pass
@@ -42,7 +42,8 @@ class MicroBatchClone(Pass):
             result = cloner.clone(MICRO_BATCH_PREFIX % micro_batch,
                                   device_of=lambda src: src.device, tag=(0, micro_batch))
             table = ctx.instances.setdefault((0, micro_batch), {})
-            ctx.record_gates((0, micro_batch), result, gates)
+            ctx.record_gates((0, micro_batch), result.aliases, result.gates,
+                             gates.dropped if gates is not None else ())
             for source in sources:
                 if gates is not None and gates.skipped(source.name):
                     continue
@@ -93,13 +94,12 @@ def constant_expressions(ops):
 
 
 def _may_be_constant(op):
-    return (not op.control_inputs and op.type not in _CONTROL_FLOW
+    return (not op.control_inputs and op.type not in _NEVER_CONSTANT
             and not tf_adapter.touches_state(op) and (op.type == "Const" or bool(op.inputs)))
 
 
-_CONTROL_FLOW = frozenset(["Enter", "RefEnter", "Exit", "RefExit", "Switch", "RefSwitch",
-                           "Merge", "RefMerge", "NextIteration", "RefNextIteration",
-                           "LoopCond", "Placeholder", "PlaceholderWithDefault"])
+# Control flow, and placeholders, whose value a feed can change per run.
+_NEVER_CONSTANT = CONTROL_FLOW_TYPES | frozenset(["Placeholder", "PlaceholderWithDefault"])
 
 
 def _order_shared_writes(ctx, sources):

@@ -69,17 +69,17 @@ class ReplicaClone(Pass):
 def _record_aliases(ctx, copy, result, gates):
     """Gradient gates that copy ``copy`` does without: copy 0's (skipped by this
     clone) and each micro-batch's (skipped by the micro-batch clone)."""
-    ctx.record_gates((copy, 0), result, gates)
+    ctx.record_gates((copy, 0), result.aliases, result.gates,
+                     gates.dropped if gates is not None else ())
     for micro_batch in range(1, ctx.num_micro_batch):
-        key = (copy, micro_batch)
-        ctx.aliases[key] = dict((name, _cloned_or_shared(result, tensor)) for name, tensor
-                                in ctx.aliases.get((0, micro_batch), {}).items())
-        ctx.gates[key] = dict((name, [result.ops.get(g.name, g) for g in ops]) for name, ops
-                              in ctx.gates.get((0, micro_batch), {}).items())
-        ctx.dropped[key] = set(ctx.dropped.get((0, micro_batch), ()))
-        table = ctx.instances.setdefault(key, {})
-        for name, tensor in ctx.aliases[key].items():
-            table[name] = tensor.op
+        source = (0, micro_batch)
+        ctx.record_gates(
+            (copy, micro_batch),
+            dict((name, _cloned_or_shared(result, tensor))
+                 for name, tensor in ctx.aliases.get(source, {}).items()),
+            dict((name, [result.ops.get(g.name, g) for g in ops])
+                 for name, ops in ctx.gates.get(source, {}).items()),
+            ctx.dropped.get(source, ()))
 
 
 def _gate_extras(ctx, source, result, gates):
