@@ -414,3 +414,41 @@ def assign_any_shape(var_op, value):
     if is_resource_variable(var_op):
         return _gen_rv.assign_variable_op(var_op.outputs[0], value)
     return _gen_state.assign(var_op.outputs[0], value, validate_shape=False).op
+
+
+# ---- functions built from existing ops (pipeline stage bodies) -------------------
+from tensorflow.core.framework import function_pb2 as _function_pb2  # noqa: E402
+from tensorflow.python.framework import function as _function  # noqa: E402
+
+
+def new_function_def(name):
+    """An empty FunctionDef proto named ``name``."""
+    fdef = _function_pb2.FunctionDef()
+    fdef.signature.name = name
+    return fdef
+
+
+def define_function(graph, fdef):
+    """Add ``fdef`` to ``graph``'s function library, marked never to be inlined
+    (grappler would otherwise paste the body back at every call site); returns a
+    handle for :func:`call_function`."""
+    fdef.attr["_noinline"].b = True
+    function = _function._from_definition(fdef)  # pylint: disable=protected-access
+    function.add_to_graph(graph)
+    return function
+
+
+def call_function(function, inputs, name):
+    """Create one call of ``function`` in the default graph; returns (op, outputs)."""
+    result = function(*inputs, name=name, noinline=True)
+    if isinstance(result, tf.Operation):
+        return result, []
+    outputs = list(result) if isinstance(result, (list, tuple)) else [result]
+    return outputs[0].op, outputs
+
+
+def replace_control_input(op, old, new):
+    """Make ``op`` wait for ``new`` instead of ``old``."""
+    kept = [c for c in op.control_inputs if c is not old]
+    op._remove_all_control_inputs()  # pylint: disable=protected-access
+    add_control_inputs(op, kept + [new])

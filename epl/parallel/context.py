@@ -59,6 +59,9 @@ class RewriteContext(object):
         self.gates = {}
         self.dropped = {}  # (copy, micro_batch) -> names of user ops the copy has no op for
         self.shared_constants = set()  # constant expressions all micro-batches share
+        # The micro-batch lowering's record when it answers for tensors itself (stage
+        # functions: results of calls); None for unrolled copies (the tables above).
+        self.micro_batching = None
         self.roles = None
         self.keys = KeyRegistry()
         self.epl_variables = []    # EPL's own state (accumulators), initialized by the sync op
@@ -128,6 +131,10 @@ class RewriteContext(object):
         return self.instances.get((copy, micro_batch), {}).get(op.name, op)
 
     def tensor_instance(self, tensor, copy, micro_batch=0):
+        if self.micro_batching is not None:
+            found = self.micro_batching.tensor(tensor, copy, micro_batch)
+            if found is not None:
+                return found
         alias = self.aliases.get((copy, micro_batch), {}).get(tensor.op.name)
         if alias is not None:
             return alias
@@ -152,6 +159,9 @@ class RewriteContext(object):
     def gate_instances(self, tensor, copy, micro_batch=0):
         """The ops a consumer of ``tensor_instance(tensor, ...)`` must wait for: the
         gradient gates of a forwarding Identity the copy does without, else none."""
+        if self.micro_batching is not None and \
+                self.micro_batching.tensor(tensor, copy, micro_batch) is not None:
+            return []  # a call's result: the call has finished every op of its body
         return self.gates.get((copy, micro_batch), {}).get(tensor.op.name, [])
 
     def is_cloned(self, op):

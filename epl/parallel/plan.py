@@ -25,6 +25,12 @@ LOG = logging.getLogger("epl")
 
 TaskGraphSpec = collections.namedtuple("TaskGraphSpec", ["name", "kind", "device_count"])
 
+# How a pipeline's micro-batches are lowered (``Plan.micro_batching``): each stage's
+# forward and backward built once as functions and called per micro-batch, or (the
+# fallback for graphs functions cannot hold) a copy of every op per micro-batch.
+STAGE_FUNCTIONS = "stage functions"
+UNROLLED = "unrolled copies"
+
 
 class PlanError(ValueError):
     """The requested parallelism does not fit the job's devices."""
@@ -75,12 +81,15 @@ class TaskGraphPlan(collections.namedtuple(
 
 class Plan(collections.namedtuple("Plan", [
         "worker_num", "devices_per_worker", "device_type", "num_replicas", "taskgraphs",
-        "num_micro_batch", "strategy", "schedule", "colocated", "worker_of", "hosts"])):
+        "num_micro_batch", "strategy", "schedule", "colocated", "worker_of", "hosts",
+        "micro_batching"])):
     """What runs where. Immutable; equal plans compare equal.
 
     ``worker_of`` maps every device string to its worker index; ``hosts[w]`` is
     worker w's host CPU; ``schedule`` is the pipeline Schedule (None without a
-    pipeline), built from the ``strategy`` name.
+    pipeline), built from the ``strategy`` name. ``micro_batching`` is how a
+    pipeline's micro-batches are lowered: ``(STAGE_FUNCTIONS, None)`` or
+    ``(UNROLLED, reason)`` (None without a pipeline).
     """
 
     __slots__ = ()
@@ -156,6 +165,8 @@ def _describe(plan):
     if plan.stages:
         lines.append("  pipeline: %d stages, %d micro-batch(es), schedule %s"
                      % (len(plan.stages), plan.num_micro_batch, plan.strategy))
+    if plan.micro_batching is not None:
+        lines.append("  micro-batches: " + describe_micro_batching(plan.micro_batching))
     elif plan.gradient_accumulation:
         lines.append("  gradient accumulation over %d micro-batches" % plan.num_micro_batch)
     if plan.colocated:
@@ -171,8 +182,21 @@ def _describe(plan):
     return lines
 
 
-def make_plan(config, cluster, specs):
-    """Compute the plan; raise PlanError when the layout is impossible."""
+def describe_micro_batching(choice):
+    """One line for the plan print: which lowering, and why the fallback."""
+    kind, reason = choice
+    if kind == STAGE_FUNCTIONS:
+        return ("stage functions (each stage's forward and backward built once, called "
+                "per micro-batch)")
+    return "unrolled copies (one copy of the stage graph per micro-batch: %s)" % reason
+
+
+def make_plan(config, cluster, specs, unrolled_because=None):
+    """Compute the plan; raise PlanError when the layout is impossible.
+
+    ``unrolled_because`` (optional) says why a pipeline of this graph cannot use
+    stage functions (a while loop in a stage, say); the plan then lowers
+    micro-batches as unrolled copies and its print says why."""
     specs = list(specs)
     if not specs:
         raise PlanError("the graph has no TaskGraphs; build the model after epl.init()")
@@ -192,10 +216,12 @@ def make_plan(config, cluster, specs):
     hosts = tuple(cluster.worker_cpu(w) for w in range(cluster.worker_num))
     plan = Plan(cluster.worker_num, cluster.gpu_num_per_worker, cluster.device_type,
                 len(layout), taskgraphs, config.pipeline.num_micro_batch,
-                config.pipeline.strategy, None, colocate, worker_of, hosts)
+                config.pipeline.strategy, None, colocate, worker_of, hosts, None)
     if plan.pipeline:
         plan = plan._replace(schedule=_schedule.get_schedule(
-            plan.strategy, len(plan.stages), plan.num_micro_batch))
+            plan.strategy, len(plan.stages), plan.num_micro_batch),
+            micro_batching=(UNROLLED, unrolled_because) if unrolled_because
+            else (STAGE_FUNCTIONS, None))
     _warn_about(plan)
     return plan
 

@@ -6,7 +6,11 @@ the user put it in an ``epl.GraphKeys`` collection), what else must run so
 that every replica takes part in the step, and how to bring replicas in sync
 before the first step.
 """
+import logging
+
 from epl.ir.traverse import ancestors
+
+LOG = logging.getLogger("epl")
 
 
 class ParallelProgram(object):
@@ -20,6 +24,11 @@ class ParallelProgram(object):
         self.extras = {}        # user op name -> ops of the other copies
         self.merged = {}        # user tensor name -> merged tensor (copy 0's)
         self.merged_extras = {}  # user tensor name -> the other copies' merge ops
+        # user tensor name -> what computes it now (micro-batch 0's call of a stage
+        # function), and the names of the user ops such calls replace
+        self.substitutes = {}
+        self.replaced_ops = set()
+        self._warned = set()
         self.sync_op = None     # broadcasts replica 0's variables to every copy
         self.init_check = None  # scalar bool: are the user's variables initialized?
         self.variable_copies = {}  # user variable op name -> [variable op of each copy]
@@ -64,7 +73,19 @@ class ParallelProgram(object):
             return element, extras
         name = element.name
         merged = self.merged_extras.get(name)
-        return self.merged.get(name, element), (list(extras) + merged) if merged else extras
+        substitute = self.merged.get(name, self.substitutes.get(name, element))
+        if substitute is element and op.name in self.replaced_ops:
+            self._warn_recomputed(name)
+        return substitute, (list(extras) + merged) if merged else extras
+
+    def _warn_recomputed(self, name):
+        if name not in self._warned:
+            self._warned.add(name)
+            LOG.warning("EPL: fetching %s runs the pipeline stage's forward of micro-batch 0 "
+                        "a second time, outside the stage function (only tensors that leave "
+                        "a stage, losses and epl.GraphKeys collections are results of the "
+                        "function); add it to an epl.GraphKeys collection to fetch it for "
+                        "free", name)
 
     def groups_reached(self, ops):
         """Names of the collective groups a run of ``ops`` executes (cached per fetch set)."""

@@ -29,6 +29,7 @@ from epl.parallel.passes.outputs import MergedOutputs
 from epl.parallel.passes.pipeline import ScheduleLowering
 from epl.parallel.passes.placement import Placement
 from epl.parallel.passes.replicas import ReplicaClone
+from epl.parallel.passes.stage_functions import StageFunctions, unrolled_reason
 from epl.parallel.passes.steps import SharedStepDependencies
 from epl.parallel.passes.sync import VariableSync
 from epl.parallel.plan import make_plan, specs_from_graph
@@ -45,6 +46,7 @@ PASSES = (
     Offload(),
     MicroBatchClone(),
     ReplicaClone(),
+    StageFunctions(),
     BatchSplit(),
     InputOrder(),
     GradientAggregation(),
@@ -82,7 +84,17 @@ def plan_for(view, config, cluster):
     """The plan of a graph view (gives unannotated graphs their implicit TaskGraph)."""
     view.ensure_taskgraph()
     partition_stages(view, config, cluster)
-    return make_plan(config, cluster, specs_from_graph(view))
+    specs = specs_from_graph(view)
+    reason = None
+    if len(specs) > 1 and config.pipeline.num_micro_batch > 1:
+        if config.pipeline.micro_batching == "unrolled":
+            reason = "pipeline.micro_batching='unrolled'"
+        else:
+            reason = unrolled_reason(view)
+            if reason and config.pipeline.micro_batching == "stage_functions":
+                raise ValueError("pipeline.micro_batching='stage_functions' cannot lower this "
+                                 "pipeline: %s; use 'auto' or 'unrolled'" % reason)
+    return make_plan(config, cluster, specs, unrolled_because=reason)
 
 
 def parallelize(view, config, cluster, plan=None, passes=PASSES):

@@ -34,7 +34,10 @@ def _train(batch, use_cond):
         else:
             logits = tf.matmul(h, v)
     loss = tf.losses.sparse_softmax_cross_entropy(yb, logits)
-    train = tf.train.AdamOptimizer(0.01).minimize(loss, tf.train.get_or_create_global_step())
+    # Plain SGD: Adam divides by the gradients' own magnitude, which turns float rounding
+    # (two means of 8 rows vs one of 16) into 1e-6 differences on some CPUs.
+    train = tf.train.GradientDescentOptimizer(0.5).minimize(
+        loss, tf.train.get_or_create_global_step())
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         for _ in range(STEPS):

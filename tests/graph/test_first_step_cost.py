@@ -19,7 +19,10 @@ MICRO_BATCHES = 4
 
 
 def _pipelined_train_op():
-    epl.init(epl.Config({"pipeline.num_micro_batch": MICRO_BATCHES}),
+    # These tests are about unrolled micro-batch copies; stage functions sum gradients
+    # inside the backward function and copy nothing (tests/graph/test_pipeline.py).
+    epl.init(epl.Config({"pipeline.num_micro_batch": MICRO_BATCHES,
+                         "pipeline.micro_batching": "unrolled"}),
              cluster=Cluster(devices_per_worker=2))
     x, y = make_data(64)
     train = train_step(staged_mlp(*dataset_input(x, y, 4), initial_weights()))

@@ -97,8 +97,9 @@ class _LayerAllReduce(Pass):
         ctx.rewire(hidden, op.outputs[0], consumers)
 
 
-def _staged_tiny(devices, micro_batches):
-    epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches}),
+def _staged_tiny(devices, micro_batches, lowering="unrolled"):
+    epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches,
+                         "pipeline.micro_batching": lowering}),
              cluster=Cluster(devices_per_worker=devices))
     x, y = make_data(32)
     train_step(staged_mlp(*dataset_input(x, y, 4), initial_weights()))
@@ -131,3 +132,12 @@ def test_collectives_are_built_per_copy_never_copied(monkeypatch, pipeline):
         sess.run(tf.global_variables_initializer())
         loss = view.apply_calls[0].grads_and_vars[0][0]
         assert np.isfinite(sess.run(loss)).all()
+
+
+def test_stage_functions_refuse_collectives_built_per_copy():
+    """A model pass that makes a per-copy collective inside a pipeline stage needs
+    unrolled micro-batches: the stage-function lowering says so, by key."""
+    passes = (_LayerAllReduce(),) + rewriter.PASSES
+    view, env = _staged_tiny(4, 2, lowering="auto")
+    with pytest.raises(NotImplementedError, match="pipeline.micro_batching='unrolled'"):
+        rewriter.parallelize(view, env.config, env.cluster, passes=passes)

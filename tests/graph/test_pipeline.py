@@ -15,11 +15,12 @@ B, K = 4, 3
 
 
 def _pipeline(devices, depth, micro_batches, strategy="PreferBackward", steps=K,
-              collect=False, scopes=None, config=None):
+              collect=False, scopes=None, config=None, lowering="auto"):
     replicas = devices // depth
     x, y = make_data(micro_batches * B * replicas * (steps + 1))  # one spare step
     epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches,
-                         "pipeline.strategy": strategy}),
+                         "pipeline.strategy": strategy,
+                         "pipeline.micro_batching": lowering}),
              cluster=Cluster(devices_per_worker=devices))
     xb, yb = dataset_input(x, y, B)
     loss = staged_mlp(xb, yb, initial_weights(), depth, scopes=scopes)
@@ -32,21 +33,26 @@ def _pipeline(devices, depth, micro_batches, strategy="PreferBackward", steps=K,
     return x, y, sess, losses
 
 
+@pytest.mark.parametrize("lowering", ["stage_functions", "unrolled"])
 @pytest.mark.parametrize("strategy", ["PreferBackward", "PreferForward"])
 @pytest.mark.parametrize("depth", [2, 3])
-def test_pipeline_matches_serial(strategy, depth):
-    x, y, sess, _ = _pipeline(depth, depth, 4, strategy)
+def test_pipeline_matches_serial(strategy, depth, lowering):
+    x, y, sess, _ = _pipeline(depth, depth, 4, strategy, lowering=lowering)
     _, ref = serial_train(x, y, 4 * B, K, depth=depth)
     names = ["d1/kernel", "d2/kernel", "d1/bias"] + (["mid/kernel"] if depth == 3 else [])
     for name in names:
         assert max_diff(ref[name], copy_values(sess, name)) < TOL, name
     assert sess.run(tf.train.get_global_step()) == K
-    assert epl.Graph.get().parallel.schedule.name == strategy
+    program = epl.Graph.get().parallel
+    assert program.schedule.name == strategy
+    assert program.plan.micro_batching[0] == lowering.replace("_", " ").replace(
+        "unrolled", "unrolled copies")
 
 
+@pytest.mark.parametrize("lowering", ["stage_functions", "unrolled"])
 @pytest.mark.parametrize("strategy", ["PreferBackward", "PreferForward"])
-def test_data_parallel_over_pipelines(strategy):
-    x, y, sess, _ = _pipeline(4, 2, 4, strategy)
+def test_data_parallel_over_pipelines(strategy, lowering):
+    x, y, sess, _ = _pipeline(4, 2, 4, strategy, lowering=lowering)
     plan = epl.Graph.get().parallel.plan
     assert plan.num_replicas == 2 and len(plan.stages) == 2
     _, ref = serial_train(x, y, 2 * 4 * B, K)
@@ -82,12 +88,12 @@ def test_fetched_loss_is_micro_batch_zero_and_global_mean_averages():
     np.testing.assert_allclose(losses[0], whole[0], atol=TOL)
 
 
-def test_execution_order_follows_the_schedule():
+def test_unrolled_execution_order_follows_the_schedule():
     # Grappler may fold boundary Identity ops away (keeping the ordering they
     # carry); turn it off so the trace shows every boundary op.
     config = tf.ConfigProto()
     config.graph_options.rewrite_options.disable_meta_optimizer = True
-    _, _, sess, _ = _pipeline(2, 2, 4, steps=1, config=config)
+    _, _, sess, _ = _pipeline(2, 2, 4, steps=1, config=config, lowering="unrolled")
     program = epl.Graph.get().parallel
     entrances, exits = program.boundaries[0]
     meta = tf.RunMetadata()
@@ -114,6 +120,52 @@ def test_execution_order_follows_the_schedule():
                 op.name for op in crossing[key_a])
             checked += 1
     assert checked == 2 * (2 * 4 - 1)
+
+
+@pytest.mark.parametrize("strategy", ["PreferBackward", "PreferForward"])
+def test_stage_function_calls_follow_the_schedule(strategy):
+    _, _, sess, _ = _pipeline(2, 2, 4, strategy, steps=1)
+    program = epl.Graph.get().parallel
+    entrances, exits = program.boundaries[0]
+    meta = tf.RunMetadata()
+    sess.run(tf.get_default_graph().get_operation_by_name("Momentum"),
+             options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE), run_metadata=meta)
+    start, end = {}, {}
+    for device in meta.step_stats.dev_stats:
+        for node in device.node_stats:
+            start[node.node_name] = node.all_start_micros
+            end[node.node_name] = node.all_start_micros + node.all_end_rel_micros
+    checked = 0
+    for stage in range(2):
+        actions = program.schedule.stage(stage)
+        for before, after in zip(actions, actions[1:]):
+            first = exits[(before.stage, before.kind, before.micro_batch)]
+            second = entrances[(after.stage, after.kind, after.micro_batch)]
+            assert len(first) == len(second) == 1  # an action is one call
+            assert first[0].type.startswith("EPL_stage") and second[0].type.startswith("EPL_")
+            assert end[first[0].name] <= start[second[0].name], (str(before), str(after))
+            checked += 1
+    assert checked == 2 * (2 * 4 - 1)
+
+
+def test_stage_functions_keep_the_graph_size_flat():
+    """Graph size does not grow with micro-batches beyond a few ops per micro-batch."""
+    sizes = {}
+    for micro_batches in (2, 8):
+        tf.reset_default_graph()
+        _pipeline(2, 2, micro_batches, steps=1)
+        sizes[micro_batches] = len(tf.get_default_graph().get_operations())
+        assert "micro-batches: stage functions" in str(epl.Graph.get().parallel.plan)
+    per_micro_batch = (sizes[8] - sizes[2]) / 6.0
+    assert per_micro_batch <= 12, sizes  # calls, input pulls, labels: not the model
+
+
+def test_fetching_an_inner_tensor_warns_and_recomputes(caplog):
+    x, y, sess, losses = _pipeline(2, 2, 4, steps=1)
+    hidden = tf.get_default_graph().get_tensor_by_name("d1/MatMul:0")
+    value = sess.run(hidden)
+    assert value.shape == (B, hidden.shape[1])
+    assert "fetching d1/MatMul:0 runs the pipeline stage's forward" in caplog.text
 
 
 def _ops_reading_other_actions(view):

@@ -10,6 +10,7 @@ EXPECTED_DEFAULTS = {
     "pipeline.num_micro_batch": 1,
     "pipeline.num_stages": None,
     "pipeline.strategy": "PreferBackward",
+    "pipeline.micro_batching": "auto",
     "gradient_checkpoint.type": "",
     "gradient_checkpoint.end_taskgraph": -1,
     "gradient_checkpoint.check_gradients": False,
@@ -36,7 +37,7 @@ EXPECTED_DEFAULTS = {
     "auto.auto_parallel": False,
 }
 KEYS = list(EXPECTED_DEFAULTS)
-EXTENSION_KEYS = ["communication.timeout"]
+EXTENSION_KEYS = ["pipeline.micro_batching", "communication.timeout"]
 BOOL_KEYS = [k for k, v in EXPECTED_DEFAULTS.items() if isinstance(v, bool)]
 COUNT_KEYS = ["pipeline.num_micro_batch", "optimizer.num_apply_group",
               "communication.num_communicators", "communication.max_splits"]
@@ -48,6 +49,7 @@ OVERRIDES = {
     "pipeline.num_micro_batch": 4,
     "pipeline.num_stages": 3,
     "pipeline.strategy": "PreferForward",
+    "pipeline.micro_batching": "unrolled",
     "gradient_checkpoint.type": "collection",
     "gradient_checkpoint.end_taskgraph": 0,
     "gradient_checkpoint.check_gradients": True,
@@ -79,6 +81,7 @@ ENV_OVERRIDES = {
     "pipeline.num_micro_batch": ("EPL_PIPELINE_NUM_MICRO_BATCH", "8", 8),
     "pipeline.num_stages": ("EPL_PIPELINE_NUM_STAGES", "2", 2),
     "pipeline.strategy": ("EPL_PIPELINE_STRATEGY", "preferforward", "PreferForward"),
+    "pipeline.micro_batching": ("EPL_PIPELINE_MICRO_BATCHING", "Unrolled", "unrolled"),
     "gradient_checkpoint.type": ("EPL_GRADIENT_CHECKPOINT_TYPE", "auto", "auto"),
     "gradient_checkpoint.end_taskgraph": ("EPL_GRADIENT_CHECKPOINT_END_TASKGRAPH", "3", 3),
     "gradient_checkpoint.check_gradients": ("EPL_GRADIENT_CHECKPOINT_CHECK_GRADIENTS",
@@ -114,6 +117,7 @@ BAD_TYPES = {
     "pipeline.num_micro_batch": ("4", "int"),
     "pipeline.num_stages": (2.0, "int or None"),
     "pipeline.strategy": (1, "str"),
+    "pipeline.micro_batching": (True, "str"),
     "gradient_checkpoint.type": (None, "str"),
     "gradient_checkpoint.end_taskgraph": ("-1", "int"),
     "gradient_checkpoint.check_gradients": ("true", "bool"),
@@ -146,6 +150,7 @@ BAD_VALUES = {
     "pipeline.num_micro_batch": (0, ">= 1"),
     "pipeline.num_stages": (0, "None or >= 1"),
     "pipeline.strategy": ("1F1B", "'PreferBackward', 'PreferForward'"),
+    "pipeline.micro_batching": ("loop", "'auto', 'stage_functions', 'unrolled'"),
     "gradient_checkpoint.type": ("checkpoints", "'', 'collection', 'auto'"),
     "gradient_checkpoint.end_taskgraph": (-2, ">= -1"),
     "zero.level": ("v2", "'', 'v0', 'v1'"),
@@ -167,6 +172,7 @@ BAD_ENV.update({
     "pipeline.num_micro_batch": ("four", "an integer >= 1"),
     "pipeline.num_stages": ("0", "'none', '' or an integer >= 1"),
     "pipeline.strategy": ("gpipe", "'PreferBackward', 'PreferForward'"),
+    "pipeline.micro_batching": ("copies", "'auto', 'stage_functions', 'unrolled'"),
     "gradient_checkpoint.type": ("on", "'collection', 'auto'"),
     "gradient_checkpoint.end_taskgraph": ("1.5", "an integer >= -1"),
     "zero.level": ("v2", "'v1'"),

@@ -160,6 +160,10 @@ def _local_sum(ctx, item, copy, device):
             if len(values) == 1:
                 return Local(_after(values[0], gates), indices[0], None)
             return Local(_after(tf.concat(values, 0), gates), tf.concat(indices, 0), None)
+    summed = (ctx.micro_batching.accumulated(item.grad, copy)
+              if ctx.micro_batching is not None else None)
+    if summed is not None:  # summed inside the stage's backward function
+        return Local(summed, None, None)
     parts = [ctx.tensor_instance(item.grad, copy, m) for m in micro_batches]
     gates = [ctx.gate_instances(item.grad, copy, m) for m in micro_batches]
     with tf.device(device), tf.name_scope("EPL_MICRO_BATCH_SUM"):

@@ -5,6 +5,7 @@ from epl.ir.traverse import CONTROL_FLOW_TYPES, control_flow_interior
 from epl.parallel.clone import Cloner
 from epl.parallel.gates import gradient_gates
 from epl.parallel.passes import REPLICATE, Pass
+from epl.parallel.plan import UNROLLED
 from epl.parallel.roles import is_variable
 
 MICRO_BATCH_PREFIX = "EPL_MICRO_BATCH_%d"
@@ -27,7 +28,7 @@ class MicroBatchClone(Pass):
               "IR clones")
 
     def applies(self, ctx):
-        return ctx.num_micro_batch > 1
+        return ctx.num_micro_batch > 1 and ctx.plan.micro_batching[0] == UNROLLED
 
     def run(self, ctx):
         sources, ctx.shared_constants = micro_batch_sources(ctx)
@@ -54,16 +55,22 @@ class MicroBatchClone(Pass):
         _order_shared_writes(ctx, sources)
 
 
+def micro_batch_candidates(ctx):
+    """The forward and backward ops of the training step that micro-batches repeat
+    (not variables, not what only initializes them), in creation order."""
+    phases = (Phase.FORWARD, Phase.BACKWARD)
+    return [op for op in ctx.roles.cloned
+            if ctx.view.info(op).phase in phases and not is_variable(op)
+            and op.name in ctx.roles.step]
+
+
 def micro_batch_sources(ctx):
     """(ops each micro-batch needs a copy of, names of the ops they share).
 
-    Copies are made of the forward and backward ops of the training step (not
-    variables, not what only initializes them), except constant expressions,
-    which every micro-batch shares (see :func:`constant_expressions`)."""
-    phases = (Phase.FORWARD, Phase.BACKWARD)
-    candidates = [op for op in ctx.roles.cloned
-                  if ctx.view.info(op).phase in phases and not is_variable(op)
-                  and op.name in ctx.roles.step]
+    Copies are made of the candidates (:func:`micro_batch_candidates`), except
+    constant expressions, which every micro-batch shares (see
+    :func:`constant_expressions`)."""
+    candidates = micro_batch_candidates(ctx)
     shared = constant_expressions(candidates)
     return [op for op in candidates if op.name not in shared], shared
 

@@ -41,8 +41,11 @@ class ScheduleLowering(Pass):
         no_entrance, no_exit = control_flow_interior(ctx.tf_graph)
         ctx.program.schedule = schedule
         for copy in range(len(ctx.copies)):
-            keys = _action_keys(ctx, copy)
-            entrances, exits = _boundaries(ctx, keys, no_entrance, no_exit)
+            if ctx.micro_batching is not None:  # stage functions: an action is a call
+                entrances, exits = ctx.micro_batching.boundaries(copy, ctx.num_micro_batch)
+            else:
+                keys = _action_keys(ctx, copy)
+                entrances, exits = _boundaries(ctx, keys, no_entrance, no_exit)
             ctx.program.boundaries.append((entrances, exits))
             for stage in range(stages):
                 actions = schedule.stage(stage)

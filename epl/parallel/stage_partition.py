@@ -1,0 +1,122 @@
+"""Which ops of a pipeline become stage functions, and which stay ops of their own.
+
+An *action* is (stage, kind): kind "F" (forward) or "B" (backward). The ops of a
+training step that an action runs for one micro-batch become one function,
+its *core*, called once per micro-batch. Some ops cannot live in a function or
+must stay visible to other passes; they are *residual*: copied per
+micro-batch like the unrolled lowering does (input pulls, ops on ref
+variables such as batch norm's moving averages, ops the user pinned to the
+CPU, ops downstream of the gradients that gradient aggregation rewires).
+
+A function runs as a whole: all its inputs first, all its results at the end.
+So the calls must form no cycle, even where the ops did not: a backward op
+that reads another stage's gradient (global-norm clipping, say) cannot sit in
+its stage's backward function, because that function's results feed the other
+stage's backward. :func:`partition` moves every such op (an op of an action
+reachable from the same action through an op outside it) to the residual set,
+which makes the graph of calls acyclic, and gives the actions in a
+topological order.
+"""
+import collections
+
+FORWARD, BACKWARD = "F", "B"
+
+
+class StagePartition(object):
+    """Result of :func:`partition`.
+
+    Attributes:
+      cores: {action: [ops]} in creation order.
+      residual: [ops] copied per micro-batch, in creation order.
+      order: actions in an order in which each one's inputs from other actions exist.
+      action_of: {op: action} of every core op.
+    """
+
+    def __init__(self, cores, residual, order):
+        self.cores = cores
+        self.residual = residual
+        self.order = order
+        self.action_of = dict((op, action) for action, ops in cores.items() for op in ops)
+
+    def __repr__(self):
+        return "StagePartition(%s; %d residual)" % (
+            ", ".join("%d%s: %d ops" % (a[0], a[1], len(self.cores[a])) for a in self.order),
+            len(self.residual))
+
+
+def partition(ops, action_of, movable):
+    """Split ``ops`` (a step's forward and backward ops, in creation order) into
+    action cores and residual ops.
+
+    ``action_of(op)`` gives an op's action; ``movable(op)`` says whether it may live
+    in a function at all.
+    """
+    successors = _successors(ops)
+    owner = dict((op, action_of(op) if movable(op) else None) for op in ops)
+    cores = collections.OrderedDict()
+    for op in ops:
+        if owner[op] is not None:
+            cores.setdefault(owner[op], []).append(op)
+    for action, members in list(cores.items()):
+        outside = [s for op in members for s in successors[op] if owner[s] != action]
+        late = _reachable(outside, successors)
+        for op in members:
+            if op in late:
+                owner[op] = None
+        cores[action] = [op for op in members if owner[op] == action]
+        if not cores[action]:
+            del cores[action]
+    residual = [op for op in ops if owner[op] is None]
+    return StagePartition(cores, residual, _order(cores, owner, successors))
+
+
+def _successors(ops):
+    """{op: [ops among ``ops`` that read it or wait for it]}."""
+    members = set(ops)
+    found = dict((op, []) for op in ops)
+    for op in ops:
+        for producer in [t.op for t in op.inputs] + list(op.control_inputs):
+            if producer in members:
+                found[producer].append(op)
+    return found
+
+
+def _reachable(starts, successors):
+    seen, stack = set(), list(starts)
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(successors[op])
+    return seen
+
+
+def _order(cores, owner, successors):
+    """Actions in topological order of the paths between their cores (forward
+    stages first, then backward ones, where paths leave a choice)."""
+    edges = dict((action, set()) for action in cores)
+    for action, members in cores.items():
+        outside = [s for op in members for s in successors[op] if owner[s] != action]
+        for op in _reachable(outside, successors):
+            if owner[op] is not None and owner[op] != action:
+                edges[action].add(owner[op])
+    waiting = dict((action, 0) for action in cores)
+    for targets in edges.values():
+        for target in targets:
+            waiting[target] += 1
+    rank = lambda a: (a[1] != FORWARD, a[0] if a[1] == FORWARD else -a[0])
+    ready = sorted((a for a, n in waiting.items() if n == 0), key=rank)
+    order = []
+    while ready:
+        action = ready.pop(0)
+        order.append(action)
+        for target in edges[action]:
+            waiting[target] -= 1
+            if waiting[target] == 0:
+                ready.append(target)
+        ready.sort(key=rank)
+    if len(order) != len(cores):
+        raise RuntimeError("EPL internal error: stage functions form a cycle: %s"
+                           % sorted(set(cores) - set(order)))
+    return order
