@@ -1,21 +1,34 @@
-"""What EPL's graph rewrite costs: build time, rewrite time, time to the first step, ops.
+"""How EPL's cost grows with the work: micro-batches, layers, replicas.
 
 For a BERT-shaped encoder (``benchmarks/transformer.py``) each configuration
-(model size x pipeline stages x micro-batches x replicas) runs in a fresh child
-process, once as plain TensorFlow (the same work per step on one device, no
-EPL) and once under EPL:
+(model size and depth x pipeline stages x micro-batches x replicas x micro-batch
+lowering) runs in a fresh child process, once as plain TensorFlow (the same
+work per step on one device: a batch of micro-batch x micro-batches x
+replicas rows, no EPL) and once under EPL:
 
 * ``build s``: building the graph (EPL's op-creation hooks installed or not);
 * ``rewrite s``: EPL's ``parallelize`` (inside the session's graph finalize);
 * ``first step s``: from the start of ``MonitoredTrainingSession`` creation to
   the end of the first ``run`` (for EPL it includes the rewrite);
-* ``ops``: graph size before and after the rewrite.
+* ``ops`` and ``graph MB``: the graph after the rewrite (its GraphDef, function
+  library included);
+* ``steady s``: mean time of the following steps;
+* ``peak MB per stage``: peak bytes allocated per device during one traced step
+  (activations and temporaries, RunMetadata allocation records; variables are
+  persistent and not counted).
 
-Targets (issue 10): time to the end of the first step at most 1.5x plain TF's,
-the rewrite under 3 s (BERT-base, 2 stages x 4 micro-batches on 1 worker x 2
-devices), build time within 10% of plain TF.
+The lowering of pipeline micro-batches is EPL's ``pipeline.micro_batching``:
+``stage_functions`` (each stage's forward and backward built once and called per
+micro-batch) or ``unrolled`` (one copy of the stage graph per micro-batch, the
+lowering before issue 17). Targets (issue 17), on the ``mid`` encoder (12
+layers, hidden 384, seq 32, 12 heads), 2 stages on 1 worker x 2 devices: time
+to the end of the first step at most 1.5x plain TF's at m = 4 and m = 32; ops at
+m = 32 at most 1.1x those at m = 4; on BERT-base (2 stages x 4 micro-batches)
+at most 1.3x; steady step within 5% of the unrolled lowering at the same m;
+data parallelism with 2 local replicas within 1.3x plain TF.
 
-    .venv/bin/python benchmarks/rewrite_cost.py [--sizes base,small] [--quick] [--repeats 2]
+    .venv/bin/python benchmarks/rewrite_cost.py [--sweeps m,layers,replicas,base]
+        [--repeats 2] [--steady-steps 3]
 
 Writes benchmarks/results/rewrite_cost.{json,md}.
 """
@@ -31,42 +44,32 @@ sys.path.insert(0, HERE)
 
 import common  # noqa: E402
 
-# (size, stages, micro-batches, replicas): the issue's headline configuration first.
-CONFIGS = [("base", 2, 4, 1), ("base", 1, 4, 1), ("base", 1, 1, 2),
-           ("small", 2, 4, 1), ("small", 2, 8, 1), ("small", 1, 4, 1), ("small", 1, 1, 2),
-           ("small", 2, 4, 2)]
 MICRO_BATCH = 4
-TIMEOUT = 1800
+TIMEOUT = 2400
+FUNCTIONS, UNROLLED = "stage_functions", "unrolled"
+
+# sweep -> [(size, layers, stages, micro-batches, replicas, lowering)]
+SWEEPS = {
+    "m": [("mid", 12, 2, m, 1, low) for m in (4, 16, 32, 64) for low in (FUNCTIONS, UNROLLED)
+          if not (low == UNROLLED and m > 32)],
+    "layers": [("mid", layers, 2, 32, 1, FUNCTIONS) for layers in (24, 48)]
+    + [("mid", 24, 2, 32, 1, UNROLLED)],
+    "replicas": [("mid", 12, 2, 32, 2, FUNCTIONS), ("mid", 12, 1, 1, 2, None),
+                 ("mid", 12, 2, 4, 2, UNROLLED)],
+    "base": [("base", 12, 2, 4, 1, FUNCTIONS), ("base", 12, 2, 4, 1, UNROLLED),
+             ("base", 12, 1, 4, 1, None), ("base", 12, 1, 1, 2, None)],
+}
 
 
 def child(args):
     """One measurement in this process; prints a BENCH line."""
     import tensorflow.compat.v1 as tf
     import transformer
-    size = transformer.SIZES[args.size]
+    size = dict(transformer.SIZES[args.size], layers=args.layers)
     devices = args.stages * args.replicas
     timings, counts = {}, {}
     if args.mode == "epl":
-        import epl
-        from epl.cluster import Cluster
-        from epl.parallel import rewriter
-        original = rewriter.parallelize
-
-        def timed(*a, **k):
-            start = time.time()
-            try:
-                return original(*a, **k)
-            finally:
-                timings["rewrite"] = time.time() - start
-        rewriter.parallelize = timed
-        epl.init(epl.Config({"pipeline.num_micro_batch": args.micro_batches}),
-                 cluster=Cluster(devices_per_worker=devices))
-        if args.stages == 1:
-            epl.set_default_strategy(epl.replicate(1))
-        per_stage = max(1, size["layers"] // args.stages)
-        stages = [epl.replicate(1, name="stage_%d" % s) for s in range(args.stages)]
-        stage_of = None if args.stages == 1 else (
-            lambda layer: stages[min(layer // per_stage, args.stages - 1)])
+        stage_of = _epl_setup(args, size, devices, timings)
         batch = MICRO_BATCH
     else:
         stage_of, batch = None, MICRO_BATCH * args.micro_batches * args.replicas
@@ -74,19 +77,76 @@ def child(args):
     loss, train = transformer.build(tf, size, batch, stage_of)
     timings["build"] = time.time() - start
     counts["ops_before"] = len(tf.get_default_graph().get_operations())
-    config = tf.ConfigProto(device_count={"CPU": devices})
+    config = tf.ConfigProto(device_count={"CPU": max(devices, 1)})
     start = time.time()
     with tf.train.MonitoredTrainingSession(config=config) as sess:
         sess.run(train)
         timings["first_step"] = time.time() - start
-        counts["ops_after"] = len(tf.get_default_graph().get_operations())
+        graph = tf.get_default_graph()
+        counts["ops_after"] = len(graph.get_operations())
+        counts["graph_bytes"] = graph.as_graph_def().ByteSize()
+        start = time.time()
+        for _ in range(args.steady_steps):
+            sess.run(train)
+        timings["steady_step"] = (time.time() - start) / max(args.steady_steps, 1)
+        meta = tf.RunMetadata()
+        sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+                 run_metadata=meta)
+    counts["peak_bytes"] = _peaks(meta, devices if args.mode == "epl" else 1)
     common.bench_line(dict(timings, **counts))
 
 
-def run_config(size, stages, micro_batches, replicas, mode):
+def _epl_setup(args, size, devices, timings):
+    """epl.init and the stage scopes; times EPL's rewrite."""
+    import epl
+    from epl.cluster import Cluster
+    from epl.parallel import rewriter
+    original = rewriter.parallelize
+
+    def timed(*a, **k):
+        start = time.time()
+        try:
+            return original(*a, **k)
+        finally:
+            timings["rewrite"] = time.time() - start
+    rewriter.parallelize = timed
+    config = {"pipeline.num_micro_batch": args.micro_batches}
+    if args.lowering:
+        config["pipeline.micro_batching"] = args.lowering
+    epl.init(epl.Config(config), cluster=Cluster(devices_per_worker=devices))
+    if args.stages == 1:
+        epl.set_default_strategy(epl.replicate(1))
+        return None
+    per_stage = max(1, size["layers"] // args.stages)
+    stages = [epl.replicate(1, name="stage_%d" % s) for s in range(args.stages)]
+    return lambda layer: stages[min(layer // per_stage, args.stages - 1)]
+
+
+def _peaks(meta, devices):
+    """Peak bytes per compute device (CPU:0..devices-1) of a traced step."""
+    peaks = {}
+    for dev in meta.step_stats.dev_stats:
+        index = dev.device.rsplit("CPU:", 1)[-1]
+        if "/device:CPU:" not in dev.device or not index.isdigit() or int(index) >= devices:
+            continue
+        records = sorted((rec.alloc_micros, rec.alloc_bytes) for node in dev.node_stats
+                         for memory in node.memory for rec in memory.allocation_records)
+        total = peak = 0
+        for _, delta in records:
+            total += delta
+            peak = max(peak, total)
+        peaks[int(index)] = max(peak, peaks.get(int(index), 0))
+    return [peaks.get(i, 0) for i in range(devices)]
+
+
+def run_config(config, mode, steady_steps):
+    size, layers, stages, micro_batches, replicas, lowering = config
     argv = [sys.executable, os.path.abspath(__file__), "--child", "--mode", mode,
-            "--size", size, "--stages", str(stages), "--micro-batches", str(micro_batches),
-            "--replicas", str(replicas)]
+            "--size", size, "--layers", str(layers), "--stages", str(stages),
+            "--micro-batches", str(micro_batches), "--replicas", str(replicas),
+            "--steady-steps", str(steady_steps)]
+    if lowering:
+        argv += ["--lowering", lowering]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=common.REPO)
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=TIMEOUT, env=env)
@@ -98,15 +158,14 @@ def run_config(size, stages, micro_batches, replicas, mode):
     return list(payloads.values())[0]
 
 
-def best_of(repeats, *config):
+def best_of(repeats, config, mode, steady_steps):
     """The run with the shortest first step of ``repeats`` fresh processes.
 
     On a shared 2-core machine the first step of one configuration varies by
-    several seconds between processes (most of it in the variable
-    initialization run), so each side keeps its least disturbed run; every
-    run's first step is kept in ``first_steps``.
+    seconds between processes, so each side keeps its least disturbed run;
+    every run's first step is kept in ``first_steps``.
     """
-    runs = [run_config(*config) for _ in range(repeats)]
+    runs = [run_config(config, mode, steady_steps) for _ in range(repeats)]
     best = dict(min(runs, key=lambda run: run["first_step"]))
     best["first_steps"] = [run["first_step"] for run in runs]
     return best
@@ -116,14 +175,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="epl", choices=("epl", "plain"))
-    parser.add_argument("--size", default="base")
+    parser.add_argument("--size", default="mid")
+    parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--replicas", type=int, default=1)
-    parser.add_argument("--sizes", default="base,small")
+    parser.add_argument("--lowering", default=None, choices=(FUNCTIONS, UNROLLED))
+    parser.add_argument("--steady-steps", type=int, default=3)
+    parser.add_argument("--sweeps", default=",".join(SWEEPS),
+                        help="comma list of: %s" % ", ".join(SWEEPS))
     parser.add_argument("--repeats", type=int, default=2,
                         help="fresh processes per configuration and side (the fastest is kept)")
-    parser.add_argument("--quick", action="store_true", help="small model only")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite the Markdown from the JSON already in --out")
@@ -132,48 +194,58 @@ def main(argv=None):
         return child(args)
     if args.report_only:
         with open(os.path.join(args.out, "rewrite_cost.json")) as handle:
-            payload = json.load(handle)
-        return _write(args.out, payload)
-    sizes = ["small"] if args.quick else args.sizes.split(",")
-    records = []
-    for size, stages, micro, replicas in CONFIGS:
-        if size not in sizes:
-            continue
-        plain = best_of(args.repeats, size, stages, micro, replicas, "plain")
-        epl_run = best_of(args.repeats, size, stages, micro, replicas, "epl")
-        records.append(dict(size=size, stages=stages, micro_batches=micro, replicas=replicas,
-                            plain=plain, epl=epl_run))
-        print(_row(records[-1]), flush=True)
+            return _write(args.out, json.load(handle))
+    records, plain_runs = [], {}
+    for sweep in args.sweeps.split(","):
+        for config in SWEEPS[sweep]:
+            size, layers, stages, micro, replicas, lowering = config
+            key = (size, layers, micro * replicas)
+            if key not in plain_runs:  # plain TF only depends on the work per step
+                plain_runs[key] = best_of(args.repeats, config, "plain", args.steady_steps)
+            epl_run = best_of(args.repeats, config, "epl", args.steady_steps)
+            records.append(dict(sweep=sweep, size=size, layers=layers, stages=stages,
+                                micro_batches=micro, replicas=replicas,
+                                lowering=lowering or "-", plain=plain_runs[key], epl=epl_run))
+            print(_row(records[-1]), flush=True)
     return _write(args.out, dict(records=records, repeats=args.repeats,
                                  environment=common.environment_info(sys.argv)))
 
 
 def _row(record):
     plain, epl_run = record["plain"], record["epl"]
-    return [record["size"], record["stages"], record["micro_batches"], record["replicas"],
-            "%.1f / %.1f" % (plain["build"], epl_run["build"]), "%.2f" % epl_run["rewrite"],
+    mb = lambda value: "%.0f" % (value / 2.0 ** 20)
+    return [record["sweep"], "%s-%d" % (record["size"], record["layers"]), record["stages"],
+            record["micro_batches"], record["replicas"], record["lowering"],
+            "%.2f" % epl_run["rewrite"],
             "%.1f / %.1f (%.2fx)" % (plain["first_step"], epl_run["first_step"],
                                      epl_run["first_step"] / plain["first_step"]),
-            "%d -> %d" % (epl_run["ops_before"], epl_run["ops_after"])]
+            "%d -> %d" % (epl_run["ops_before"], epl_run["ops_after"]),
+            "%.1f" % (epl_run["graph_bytes"] / 2.0 ** 20),
+            "%.2f / %.2f" % (plain["steady_step"], epl_run["steady_step"]),
+            " / ".join(mb(p) for p in epl_run["peak_bytes"])]
 
 
 def _write(out, payload):
     info = payload["environment"]
     markdown = "\n".join([
-        "# What EPL's graph rewrite costs (BERT-shaped encoder, 1 worker, virtual CPU devices)",
+        "# How EPL's cost grows with micro-batches, layers and replicas "
+        "(BERT-shaped encoder, 1 worker, virtual CPU devices)",
         "", "- Command: `%s`" % info["command"],
         "- Date: %s; EPL git %s" % (info["date"], info["git_revision"]),
         "- %s, %s CPUs; load average at start %s" % (info["cpu_model"], info["cpu_count"],
                                                      info["loadavg_start"]),
-        "- base = 12 layers, hidden 768, seq 64; small = 4 layers, hidden 128, seq 32; "
-        "micro-batch %d, Adam; plain TF runs the same work per step on one device" % MICRO_BATCH,
+        "- mid = hidden 384, seq 32, 12 heads, intermediate 1536; base = BERT-base (hidden 768, "
+        "seq 64); vocabulary 30522; micro-batch %d, Adam; plain TF runs the same work per step "
+        "on one device" % MICRO_BATCH,
         "- first step = from the start of MonitoredTrainingSession creation to the end of the "
         "first run (for EPL it includes the rewrite, the variable broadcast and TF's graph "
-        "optimization of the larger graph); each side is the fastest of %d fresh processes"
-        % payload.get("repeats", 1), "",
+        "optimization); each side is the fastest of %d fresh processes; steady = mean of "
+        "the following steps; peak MB = peak activation and temporary bytes per device "
+        "(stage) in a traced step" % payload.get("repeats", 1), "",
         common.markdown_table(
-            ["model", "stages", "micro-batches", "replicas", "build s (TF / EPL)", "rewrite s",
-             "first step s (TF / EPL)", "EPL ops before -> after"],
+            ["sweep", "model-layers", "stages", "micro-batches", "replicas", "lowering",
+             "rewrite s", "first step s (TF / EPL)", "EPL ops before -> after", "graph MB",
+             "steady s (TF / EPL)", "peak MB per device"],
             [_row(r) for r in payload["records"]])])
     common.write_results(out, "rewrite_cost", payload, markdown)
     print(markdown)

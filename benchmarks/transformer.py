@@ -10,8 +10,11 @@ import contextlib
 import numpy as np
 
 BASE = dict(layers=12, hidden=768, heads=12, seq=64, intermediate=3072, vocab=30522)
+# The encoder of the pipeline-at-scale measurements (issue 17): BERT's vocabulary,
+# a quarter of BERT-base's width, half its sequence.
+MID = dict(layers=12, hidden=384, heads=12, seq=32, intermediate=1536, vocab=30522)
 SMALL = dict(layers=4, hidden=128, heads=4, seq=32, intermediate=512, vocab=1000)
-SIZES = {"base": BASE, "small": SMALL}
+SIZES = {"base": BASE, "mid": MID, "small": SMALL}
 
 
 @contextlib.contextmanager

@@ -217,3 +217,55 @@ def test_gradient_accumulation_matches_serial(devices):
         assert seen == [0, 0, 1, 1, 1, 2, 2, 2, 3]
         for name in ("d1/kernel", "d2/kernel", "d1/bias"):
             assert max_diff(ref[name], copy_values(raw, name)) < TOL, name
+
+
+def _peak_activation_bytes(strategy, lowering, micro_batches=8):
+    """Peak bytes allocated on stage 0's device in one traced step (activations and
+    temporaries) of a 2-stage model whose activations dwarf its weights."""
+    tf.reset_default_graph()
+    epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches,
+                         "pipeline.strategy": strategy,
+                         "pipeline.micro_batching": lowering}),
+             cluster=Cluster(devices_per_worker=2))
+    rng = np.random.RandomState(0)
+    data = tf.data.Dataset.from_tensors((rng.rand(256, 32).astype(np.float32),
+                                         rng.randint(0, 4, 256))).repeat()
+    x, y = tf.data.make_one_shot_iterator(data).get_next()
+    hidden = x
+    for stage in range(2):
+        with epl.replicate(1, name="stage_%d" % stage):
+            for layer in range(3):
+                hidden = tf.layers.dense(hidden, 256, activation=tf.nn.relu,
+                                         name="s%d_%d" % (stage, layer))
+            if stage == 1:
+                loss = tf.losses.sparse_softmax_cross_entropy(y, tf.layers.dense(hidden, 4))
+    train = tf.train.GradientDescentOptimizer(0.01).minimize(loss)
+    meta = tf.RunMetadata()
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(train)
+        sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+                 run_metadata=meta)
+    for device in meta.step_stats.dev_stats:
+        if device.device.endswith("device:CPU:0"):
+            records = sorted((r.alloc_micros, r.alloc_bytes) for node in device.node_stats
+                             for memory in node.memory for r in memory.allocation_records)
+            total = peak = 0
+            for _, delta in records:
+                total += delta
+                peak = max(peak, total)
+            return peak
+    raise AssertionError("no allocation records for CPU:0")
+
+
+@pytest.mark.parametrize("lowering", ["stage_functions", "unrolled"])
+def test_prefer_backward_bounds_in_flight_activations(lowering):
+    """1F1B keeps at most 2 (the pipeline depth) micro-batches' activations alive on
+    stage 0; GPipe keeps all 8. Stage 0's activations: 3 layers x 256 x 256 floats
+    (768 KiB) per micro-batch."""
+    one_f_one_b = _peak_activation_bytes("PreferBackward", lowering)
+    gpipe = _peak_activation_bytes("PreferForward", lowering)
+    per_micro_batch = 3 * 256 * 256 * 4
+    assert gpipe >= 8 * per_micro_batch
+    print("peak bytes on stage 0: 1F1B %d, GPipe %d" % (one_f_one_b, gpipe))
+    assert one_f_one_b < 0.5 * gpipe, (one_f_one_b, gpipe)
