@@ -206,11 +206,12 @@ def import_nodes(tf_graph, graph_def, input_map, prefix, return_elements):
 
     The public importer re-validates every NodeDef against its OpDef and, per
     imported op, resets its device and re-applies device functions in Python;
-    for a copy of a large model that is most of the rewrite. EPL's NodeDefs
-    come from existing ops (defaults already filled in) and carry the devices
-    EPL wants, so this variant keeps TF's C++ import and only creates the
-    Python op objects. Falls back to the public importer if TF's internals
-    differ (another TF version).
+    then it finds the new ops by walking *every* op of the graph. For copies of a
+    large model (and one import per micro-batch) that is most of the rewrite.
+    EPL's NodeDefs come from existing ops (defaults already filled in) and carry
+    the devices EPL wants, so this variant keeps TF's C++ import, asks it for
+    every imported op and creates only those Python ops. Falls back to the
+    public importer if TF's internals differ (another TF version).
     """
     from tensorflow.python import pywrap_tensorflow as c_api
     from tensorflow.python.framework import c_api_util
@@ -222,18 +223,31 @@ def import_nodes(tf_graph, graph_def, input_map, prefix, return_elements):
         with tf_graph.as_default():
             return tf.import_graph_def(graph_def, input_map=input_map,
                                        return_elements=return_elements, name=prefix)
+    every = [node.name for node in graph_def.node]
     with tf_graph.as_default(), tf.name_scope(None):
         with tf.name_scope(prefix) as scope:
             prefix = scope[:-1]
         scoped = c_api_util.ScopedTFImportGraphDefOptions()
-        options_helper(scoped.options, prefix, input_map, return_elements, True)
+        options_helper(scoped.options, prefix, input_map, list(return_elements) + every, True)
         with tf_graph._mutation_lock():
             with c_api_util.tf_buffer(graph_def.SerializeToString()) as serialized:
                 results = c_api.TF_GraphImportGraphDefWithResults(
                     tf_graph._c_graph, serialized, scoped.options)
                 results = c_api_util.ScopedTFImportGraphDefResults(results)
-            tf_graph._add_new_tf_operations(compute_devices=False)
+            c_ops = c_api.TF_ImportGraphDefResultsReturnOperations(results.results)
+            _add_imported_ops(tf_graph, c_ops[-len(every):] if every else [])
         return gather(return_elements, tf_graph, results.results)
+
+
+def _add_imported_ops(tf_graph, c_ops):
+    """Python ops for freshly imported C ops (what ``Graph._add_new_tf_operations``
+    does, without its walk over every op of the graph to find them)."""
+    new_ops = [tf_graph._create_op_from_tf_operation(c_op, compute_device=False)
+               for c_op in c_ops]
+    for op in new_ops:
+        op._add_control_inputs(tf_graph._control_dependencies_for_inputs(op.inputs))
+        op._control_flow_post_processing()
+    return new_ops
 
 
 def running_sum(tensors, waits=None):
@@ -418,7 +432,9 @@ def assign_any_shape(var_op, value):
 
 # ---- functions built from existing ops (pipeline stage bodies) -------------------
 from tensorflow.core.framework import function_pb2 as _function_pb2  # noqa: E402
+from tensorflow.core.framework import attr_value_pb2 as _attr_value_pb2  # noqa: E402
 from tensorflow.python.framework import function as _function  # noqa: E402
+from tensorflow.python.util import function_utils as _function_utils  # noqa: E402
 
 
 def new_function_def(name):
@@ -428,23 +444,48 @@ def new_function_def(name):
     return fdef
 
 
+class DefinedFunction(object):
+    """A function in a graph's library: its name and result types."""
+
+    def __init__(self, name, output_types):
+        self.name = name
+        self.output_types = list(output_types)
+
+
 def define_function(graph, fdef):
     """Add ``fdef`` to ``graph``'s function library, marked never to be inlined
     (grappler would otherwise paste the body back at every call site); returns a
-    handle for :func:`call_function`."""
+    :class:`DefinedFunction` for :func:`call_function`."""
     fdef.attr["_noinline"].b = True
     function = _function._from_definition(fdef)  # pylint: disable=protected-access
     function.add_to_graph(graph)
-    return function
+    return DefinedFunction(fdef.signature.name, [a.type for a in fdef.signature.output_arg])
 
 
 def call_function(function, inputs, name):
-    """Create one call of ``function`` in the default graph; returns (op, outputs)."""
-    result = function(*inputs, name=name, noinline=True)
-    if isinstance(result, tf.Operation):
-        return result, []
-    outputs = list(result) if isinstance(result, (list, tuple)) else [result]
-    return outputs[0].op, outputs
+    """Create one call of ``function`` (already in the default graph, see
+    :func:`define_function`) there; returns (op, outputs).
+
+    The call is a ``StatefulPartitionedCall`` with TF's shape inference through
+    the body switched off (``_disable_call_shape_inference``, as ``Defun`` does):
+    otherwise every call op costs a shape inference over the whole body (tens of
+    ms for a transformer stage); calling TF's function object instead would also
+    copy its definition into the graph again. The call's own function-level
+    rewrites are off: the session's grappler optimizes the library once."""
+    value = _attr_value_pb2.AttrValue
+    types = lambda dtypes: value(list=value.ListValue(type=dtypes))
+    attrs = {"f": value(func=_attr_value_pb2.NameAttrList(name=function.name)),
+             "Tin": types([t.dtype.base_dtype.as_datatype_enum for t in inputs]),
+             "Tout": types(function.output_types), "config": value(s=b""),
+             "config_proto": value(s=_DISABLED_REWRITES), "executor_type": value(s=b""),
+             "_disable_call_shape_inference": value(b=True)}
+    op = get_default_graph().create_op(
+        "StatefulPartitionedCall", list(inputs), [tf.as_dtype(t) for t in function.output_types],
+        name=name, attrs=attrs)
+    return op, list(op.outputs)
+
+
+_DISABLED_REWRITES = _function_utils.get_disabled_rewriter_config()
 
 
 def replace_control_input(op, old, new):

@@ -342,8 +342,15 @@ class _CopyBuilder(object):
                                  self.functions[action].name))
             ctx.view.record_clone(call, OpInfo(stage, _PHASES[kind]), copy, micro_batch, None)
             calls[action] = call
-            for tensor, result in zip(body.outputs + body.accumulate, results):
-                result.set_shape(tensor.shape)
+            # Static shapes (a C call each, tens of thousands at m = 32) only where
+            # something reads them: micro-batch 0's results replace user tensors;
+            # the last sums feed gradient fusion.
+            if micro_batch == 0:
+                for tensor, result in zip(body.outputs, results):
+                    result.set_shape(tensor.shape)
+            if micro_batch == ctx.num_micro_batch - 1:
+                for tensor, result in zip(body.accumulate, results[len(body.outputs):]):
+                    result.set_shape(tensor.shape)
             for tensor, result in zip(body.outputs, results):
                 tensors[tensor.name] = result
             for tensor, result in zip(body.accumulate, results[len(body.outputs):]):
