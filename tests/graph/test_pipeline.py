@@ -270,3 +270,36 @@ def test_prefer_backward_bounds_in_flight_activations(lowering):
     assert gpipe >= 8 * per_micro_batch
     print("peak bytes on stage 0: 1F1B %d, GPipe %d" % (one_f_one_b, gpipe))
     assert one_f_one_b < 0.5 * gpipe, (one_f_one_b, gpipe)
+
+
+def _staged_with_cond(x, y, lowering="auto"):
+    """The staged MLP with a tf.cond in stage 0 (one scope object per stage)."""
+    epl.init(epl.Config({"pipeline.num_micro_batch": 4, "pipeline.micro_batching": lowering}),
+             cluster=Cluster(devices_per_worker=2))
+    stages = [epl.replicate(1, name="stage_%d" % index) for index in range(2)]
+    xb, yb = dataset_input(x, y, B)
+    with stages[0]:
+        xb = tf.cond(tf.reduce_sum(xb) > -1e9, lambda: xb, lambda: -xb)
+    return train_step(staged_mlp(xb, yb, initial_weights(), 2, scopes=lambda i: stages[i]))
+
+
+def test_control_flow_in_a_stage_falls_back_to_unrolled_copies():
+    """A tf.cond in a stage cannot cross a function boundary (its untaken branch's
+    tensors are dead): the plan says so and lowers unrolled copies; training still
+    matches serial. Forcing stage functions is refused by key."""
+    x, y = make_data(4 * B * (K + 1))
+    train = _staged_with_cond(x, y)
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    for _ in range(K):
+        sess.run(train)
+    plan = epl.Graph.get().parallel.plan
+    assert plan.micro_batching[0] == "unrolled copies"
+    assert "TF1 control flow in a pipeline stage" in str(plan)
+    _, ref = serial_train(x, y, 4 * B, K)
+    assert max_diff(ref["d1/kernel"], copy_values(sess, "d1/kernel")) < TOL
+
+    tf.reset_default_graph()
+    train = _staged_with_cond(x, y, "stage_functions")
+    with pytest.raises(ValueError, match="pipeline.micro_batching='stage_functions' cannot"):
+        tf.Session().run(train)
