@@ -1,6 +1,7 @@
 """Which ops of a pipeline become stage functions, and which stay ops of their own.
 
-An *action* is (stage, kind): kind "F" (forward) or "B" (backward). The ops of a
+An *action* is (stage, kind, chunk): kind "F" (forward) or "B" (backward); a
+stage's backward may be cut into chunks (see :func:`partition`). The ops of a
 training step that an action runs for one micro-batch become one function,
 its *core*, called once per micro-batch. Some ops cannot live in a function or
 must stay visible to other passes; they are *residual*: copied per
@@ -40,16 +41,22 @@ class StagePartition(object):
 
     def __repr__(self):
         return "StagePartition(%s; %d residual)" % (
-            ", ".join("%d%s: %d ops" % (a[0], a[1], len(self.cores[a])) for a in self.order),
+            ", ".join("%d%s%d: %d ops" % (a[0], a[1], a[2], len(self.cores[a]))
+                      for a in self.order),
             len(self.residual))
 
 
-def partition(ops, action_of, movable):
+def partition(ops, action_of, movable, chunk_ends=None):
     """Split ``ops`` (a step's forward and backward ops, in creation order) into
     action cores and residual ops.
 
-    ``action_of(op)`` gives an op's action; ``movable(op)`` says whether it may live
-    in a function at all.
+    ``action_of(op)`` gives an op's (stage, kind); ``movable(op)`` says whether it
+    may live in a function at all. ``chunk_ends((stage, kind), ops)`` (optional)
+    cuts an action's ops (creation order) into consecutive chunks, returning the
+    index after each chunk's last op: a function returns all its results when it ends, so a long
+    backward in one function keeps every activation it reads, and every gradient,
+    until its last op; chunks free them (and hand gradients to their all-reduce)
+    as they go. Creation order is topological, so chunks never form a cycle.
     """
     successors = _successors(ops)
     owner = dict((op, action_of(op) if movable(op) else None) for op in ops)
@@ -67,7 +74,23 @@ def partition(ops, action_of, movable):
         if not cores[action]:
             del cores[action]
     residual = [op for op in ops if owner[op] is None]
+    cores = _chunked(cores, chunk_ends)
+    owner = dict((op, None) for op in residual)
+    owner.update((op, action) for action, members in cores.items() for op in members)
     return StagePartition(cores, residual, _order(cores, owner, successors))
+
+
+def _chunked(cores, chunk_ends):
+    """{(stage, kind, chunk): ops}: each action cut where ``chunk_ends`` says."""
+    result = collections.OrderedDict()
+    for (stage, kind), members in cores.items():
+        ends = chunk_ends((stage, kind), members) if chunk_ends is not None else []
+        start, chunk = 0, 0
+        for end in sorted(set(ends) | {len(members)}):
+            if start < end <= len(members):
+                result[(stage, kind, chunk)] = members[start:end]
+                start, chunk = end, chunk + 1
+    return result
 
 
 def _successors(ops):
@@ -105,7 +128,7 @@ def _order(cores, owner, successors):
     for targets in edges.values():
         for target in targets:
             waiting[target] += 1
-    rank = lambda a: (a[1] != FORWARD, a[0] if a[1] == FORWARD else -a[0])
+    rank = lambda a: (a[1] != FORWARD, a[0] if a[1] == FORWARD else -a[0], a[2])
     ready = sorted((a for a, n in waiting.items() if n == 0), key=rank)
     order = []
     while ready:

@@ -141,10 +141,10 @@ def test_stage_function_calls_follow_the_schedule(strategy):
         for before, after in zip(actions, actions[1:]):
             first = exits[(before.stage, before.kind, before.micro_batch)]
             second = entrances[(after.stage, after.kind, after.micro_batch)]
-            assert len(first) == len(second) == 1  # an action is one call
-            for call in first + second:
+            for call in first + second:  # an action is its calls (a backward may have several)
                 assert call.get_attr("f").name.startswith("EPL_stage%d_" % stage)
-            assert end[first[0].name] <= start[second[0].name], (str(before), str(after))
+            assert max(end[c.name] for c in first) <= min(start[c.name] for c in second), (
+                str(before), str(after))
             checked += 1
     assert checked == 2 * (2 * 4 - 1)
 

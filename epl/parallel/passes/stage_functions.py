@@ -67,7 +67,7 @@ class StageCalls(object):
     ``tensors[(copy, micro_batch)]`` maps a user tensor's name to the result of a
     call (or of a residual op's copy); ``sums[copy]`` maps a dense gradient's name
     to its sum over micro-batches; ``calls[(copy, micro_batch)][action]`` is the
-    call op of action (stage, kind).
+    call op of action (stage, kind, chunk).
     """
 
     def __init__(self, partition_):
@@ -85,11 +85,11 @@ class StageCalls(object):
 
     def boundaries(self, copy, micro_batches):
         """({action key: [ops it starts with]}, {action key: [ops it ends with]}):
-        for a call, the call itself."""
+        the calls of the action's functions (a backward may have several)."""
         found = {}
         for micro_batch in range(micro_batches):
-            for (stage, kind), call in self.calls[(copy, micro_batch)].items():
-                found[(stage, kind, micro_batch)] = [call]
+            for (stage, kind, _), call in self.calls[(copy, micro_batch)].items():
+                found.setdefault((stage, kind, micro_batch), []).append(call)
         return found, found
 
 
@@ -116,7 +116,7 @@ class StageFunctions(Pass):
                 "micro-batch; set pipeline.micro_batching='unrolled'" % ", ".join(built[:3]))
         blocked = _downstream_of_gradients(ctx, stage_ops)
         part = partition(stage_ops, lambda op: _action_of(ctx, op),
-                         lambda op: _movable(ctx, op, blocked))
+                         lambda op: _movable(ctx, op, blocked), _chunk_ends(ctx))
         unit = StageCalls(part)
         bodies = _bodies(ctx, part, constants)
         functions = dict(
@@ -156,6 +156,39 @@ def _invariant_reads(ops):
 def _action_of(ctx, op):
     info = ctx.view.info(op)
     return (info.taskgraph, _KINDS[info.phase])
+
+
+# A stage's backward is cut into at most this many functions, each ending after
+# about an equal share of the stage's gradient bytes (the first chunks hold the
+# last layers, whose gradients exist first).
+BACKWARD_CHUNKS = 4
+
+
+def _chunk_ends(ctx):
+    """``chunk_ends`` for :func:`partition`: one forward function per stage; the
+    backward in up to BACKWARD_CHUNKS pieces of about equal gradient bytes, so that
+    each piece frees the activations it read and hands its gradients on (to the
+    next micro-batch's sum, or the all-reduce) before the rest of the backward."""
+    sizes = {}
+    for item in training_items(ctx).values():
+        if isinstance(item.grad, tf.IndexedSlices):  # a few rows, whatever the table's size
+            sizes[item.grad.values.op.name] = 1
+        else:
+            sizes[item.grad.op.name] = max(1, item.var.shape.num_elements() or 1)
+
+    def chunk_ends(action, ops):
+        produced = [sizes.get(op.name, 0) for op in ops]
+        total = sum(produced)
+        if action[1] != BACKWARD or not total:
+            return []
+        pieces = min(BACKWARD_CHUNKS, sum(1 for size in produced if size))
+        ends, running = [], 0
+        for index, size in enumerate(produced):
+            running += size
+            if size and running * pieces >= total * (len(ends) + 1):
+                ends.append(index + 1)
+        return ends
+    return chunk_ends
 
 
 def _movable(ctx, op, blocked):
@@ -246,7 +279,8 @@ def _constant_inputs(ops, constants):
 
 def _function_name(ctx, action):
     taken = tf_adapter.function_names(ctx.tf_graph)
-    base = "EPL_stage%d_%s" % (action[0], "forward" if action[1] == FORWARD else "backward")
+    base = "EPL_stage%d_%s" % (action[0], "forward" if action[1] == FORWARD
+                               else "backward%d" % action[2])
     name, index = base, 1
     while name in taken:
         name, index = "%s_%d" % (base, index), index + 1
@@ -332,7 +366,7 @@ class _CopyBuilder(object):
             inputs = [self._resolve(t, micro_batch) for t in body.inputs]
             inputs += [self._running_sum(t, micro_batch) for t in body.accumulate]
             controls = [self._resolve_op(c, micro_batch) for c in body.outside_controls]
-            stage, kind = action
+            stage, kind, _ = action
             prefix = REPLICA_PREFIX % copy + "/" if copy else ""
             with ctx.tf_graph.as_default(), tf.name_scope(None), tf.device(
                     ctx.device(stage, copy)), tf.control_dependencies(controls):
