@@ -103,10 +103,17 @@ def assert_ran_on_devices(ran, ops):
         assert _on_device_type(ran[op.name]), (op.name, ran[op.name])
 
 
+def _is_kernel_of(name, kind):
+    """``d1/MatMul``, ``.../MatMul_1`` or a fused one, which grappler renames
+    (``d1/Relu:_FusedMatMul``); not ``.../MatMul_grad/Shape``."""
+    base = name.split(":")[0].rsplit("/", 1)[-1]
+    numbered = base.startswith(kind + "_") and base[len(kind) + 1:].isdigit()
+    return base == kind or numbered or ("_Fused" + kind) in name
+
+
 def assert_compute_ran_on_devices(ran, kind="MatMul"):
-    """The model's ``kind`` kernels ran on DEVICE_TYPE devices. Matched by name: grappler
-    renames what it fuses (``d1/Relu:_FusedMatMul``)."""
-    nodes = [name for name in ran if kind in name]
+    """The model's ``kind`` kernels ran on DEVICE_TYPE devices."""
+    nodes = [name for name in ran if _is_kernel_of(name, kind)]
     assert nodes, "no %s ran in the traced step" % kind
     assert all(_on_device_type(ran[name]) for name in nodes), dict(
         (name, ran[name]) for name in nodes if not _on_device_type(ran[name]))
