@@ -41,6 +41,17 @@ unit: setup
 test: setup lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The NCCL kernels (csrc/nccl) compiled, linked and loaded without a GPU, against CUDA and NCCL
+# from NVIDIA's wheels (installed once under .cache/cuda); see docs/gpu.md.
+.PHONY: check-nccl
+check-nccl: setup
+	$(PY) tools/check_nccl.py
+
+# The suite a GPU host must pass (tests/gpu); every test skips, saying why, where no GPU is visible.
+.PHONY: test-gpu
+test-gpu: setup
+	$(PY) -m pytest -q -rs tests/gpu $(PYTEST_ARGS)
+
 demo: setup
 	$(PY) examples/quick_start/run_demo.py
 
