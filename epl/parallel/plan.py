@@ -25,9 +25,9 @@ LOG = logging.getLogger("epl")
 
 TaskGraphSpec = collections.namedtuple("TaskGraphSpec", ["name", "kind", "device_count"])
 
-# How a pipeline's micro-batches are lowered (``Plan.micro_batching``): each stage's
-# forward and backward built once as functions and called per micro-batch, or (the
-# fallback for graphs functions cannot hold) a copy of every op per micro-batch.
+# How the step is repeated per micro-batch and per local replica (``Plan.micro_batching``):
+# each stage's forward and backward built once as functions and called per micro-batch
+# and replica, or (the fallback for graphs functions cannot hold) a copy of every op.
 STAGE_FUNCTIONS = "stage functions"
 UNROLLED = "unrolled copies"
 
@@ -87,9 +87,10 @@ class Plan(collections.namedtuple("Plan", [
 
     ``worker_of`` maps every device string to its worker index; ``hosts[w]`` is
     worker w's host CPU; ``schedule`` is the pipeline Schedule (None without a
-    pipeline), built from the ``strategy`` name. ``micro_batching`` is how a
-    pipeline's micro-batches are lowered: ``(STAGE_FUNCTIONS, None)`` or
-    ``(UNROLLED, reason)`` (None without a pipeline).
+    pipeline), built from the ``strategy`` name. ``micro_batching`` is how
+    micro-batches of a pipeline and local replicas are built:
+    ``(STAGE_FUNCTIONS, None)`` or ``(UNROLLED, reason)`` (None when a step runs
+    once per worker).
     """
 
     __slots__ = ()
@@ -166,7 +167,8 @@ def _describe(plan):
         lines.append("  pipeline: %d stages, %d micro-batch(es), schedule %s"
                      % (len(plan.stages), plan.num_micro_batch, plan.strategy))
     if plan.micro_batching is not None:
-        lines.append("  micro-batches: " + describe_micro_batching(plan.micro_batching))
+        lines.append("  %s: %s" % ("micro-batches" if plan.pipeline else "local replicas",
+                                   describe_micro_batching(plan.micro_batching)))
     elif plan.gradient_accumulation:
         lines.append("  gradient accumulation over %d micro-batches" % plan.num_micro_batch)
     if plan.colocated:
@@ -187,8 +189,8 @@ def describe_micro_batching(choice):
     kind, reason = choice
     if kind == STAGE_FUNCTIONS:
         return ("stage functions (each stage's forward and backward built once, called "
-                "per micro-batch)")
-    return "unrolled copies (one copy of the stage graph per micro-batch: %s)" % reason
+                "per micro-batch and replica)")
+    return "unrolled copies (one copy of the stage graph each: %s)" % reason
 
 
 def make_plan(config, cluster, specs, unrolled_because=None):
@@ -219,11 +221,17 @@ def make_plan(config, cluster, specs, unrolled_because=None):
                 config.pipeline.strategy, None, colocate, worker_of, hosts, None)
     if plan.pipeline:
         plan = plan._replace(schedule=_schedule.get_schedule(
-            plan.strategy, len(plan.stages), plan.num_micro_batch),
-            micro_batching=(UNROLLED, unrolled_because) if unrolled_because
-            else (STAGE_FUNCTIONS, None))
+            plan.strategy, len(plan.stages), plan.num_micro_batch))
+    if plan.pipeline or _local_replicas(plan):
+        plan = plan._replace(micro_batching=(UNROLLED, unrolled_because) if unrolled_because
+                             else (STAGE_FUNCTIONS, None))
     _warn_about(plan)
     return plan
+
+
+def _local_replicas(plan):
+    """True when some worker builds two or more copies of a data-parallel model."""
+    return plan.spmd and any(len(plan.copies_of(w)) > 1 for w in range(plan.worker_num))
 
 
 def _taskgraph_plan(index, spec, layout, cluster, worker_of):

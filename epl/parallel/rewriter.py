@@ -29,7 +29,8 @@ from epl.parallel.passes.outputs import MergedOutputs
 from epl.parallel.passes.pipeline import ScheduleLowering
 from epl.parallel.passes.placement import Placement
 from epl.parallel.passes.replicas import ReplicaClone
-from epl.parallel.passes.stage_functions import StageFunctions, unrolled_reason
+from epl.parallel.passes.stage_functions import (
+    StageFunctionBodies, StageFunctionCalls, unrolled_reason)
 from epl.parallel.passes.steps import SharedStepDependencies
 from epl.parallel.passes.sync import VariableSync
 from epl.parallel.plan import make_plan, specs_from_graph
@@ -45,8 +46,9 @@ PASSES = (
     Placement(),
     Offload(),
     MicroBatchClone(),
+    StageFunctionBodies(),
     ReplicaClone(),
-    StageFunctions(),
+    StageFunctionCalls(),
     BatchSplit(),
     InputOrder(),
     GradientAggregation(),
@@ -86,7 +88,8 @@ def plan_for(view, config, cluster):
     partition_stages(view, config, cluster)
     specs = specs_from_graph(view)
     reason = None
-    if len(specs) > 1 and config.pipeline.num_micro_batch > 1:
+    if (len(specs) > 1 and config.pipeline.num_micro_batch > 1) or \
+            cluster.gpu_num_per_worker > 1:
         if config.pipeline.micro_batching == "unrolled":
             reason = "pipeline.micro_batching='unrolled'"
         else:

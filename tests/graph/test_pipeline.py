@@ -295,7 +295,7 @@ def test_control_flow_in_a_stage_falls_back_to_unrolled_copies():
         sess.run(train)
     plan = epl.Graph.get().parallel.plan
     assert plan.micro_batching[0] == "unrolled copies"
-    assert "TF1 control flow in a pipeline stage" in str(plan)
+    assert "TF1 control flow in the training step" in str(plan)
     _, ref = serial_train(x, y, 4 * B, K)
     assert max_diff(ref["d1/kernel"], copy_values(sess, "d1/kernel")) < TOL
 

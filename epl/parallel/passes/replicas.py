@@ -28,10 +28,12 @@ class ReplicaClone(Pass):
 
     def run(self, ctx):
         sources, user_of = [], {}
+        # ops that stage functions hold: each copy calls the functions instead
+        replaced = getattr(ctx.micro_batching, "replaced", ())
         for micro_batch in range(ctx.num_micro_batch):
             skipped = ctx.skipped_ops(0, micro_batch)
             for op in ctx.roles.cloned:
-                if op.name in skipped:
+                if op.name in skipped or op.name in replaced:
                     continue  # the micro-batch copy has no op of its own here
                 source = ctx.instance(op, 0, micro_batch)
                 if micro_batch == 0 or source is not op:

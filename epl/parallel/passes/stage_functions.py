@@ -23,15 +23,13 @@ import logging
 
 from epl import tf_adapter
 from epl.ir.phase import Phase
-from epl.ir.taskgraph import OpInfo
+from epl.ir.taskgraph import SPLIT
 from epl.ir.traverse import CONTROL_FLOW_TYPES, ancestor_ops
-from epl.parallel.clone import Cloner
 from epl.parallel.function_body import FunctionBody
 from epl.parallel.passes import REPLICATE, Pass
 from epl.parallel.passes.gradients import training_items
-from epl.parallel.passes.micro_batches import (MICRO_BATCH_PREFIX, constant_expressions,
-                                               micro_batch_candidates)
-from epl.parallel.passes.replicas import REPLICA_PREFIX
+from epl.parallel.passes.micro_batches import constant_expressions, micro_batch_candidates
+from epl.parallel.passes.stage_calls import StageCalls, build_calls
 from epl.parallel.plan import STAGE_FUNCTIONS
 from epl.parallel.roles import GET_NEXT_TYPES, PLACEHOLDER_TYPES, step_roots
 from epl.parallel.stage_partition import BACKWARD, FORWARD, partition
@@ -50,84 +48,68 @@ def unrolled_reason(view):
     or loop state, which a function cannot return; collectives built per copy
     (split layers) must be rebuilt per micro-batch. Such graphs keep one copy of
     the stage per micro-batch."""
+    split = [tg.name for tg in view.taskgraphs if tg.kind == SPLIT]
+    if split:
+        return "epl.split builds collectives per copy (%s)" % ", ".join(split)
     for op in ancestor_ops(step_roots(view)):
         info = view.info(op)
         if info is None or info.phase not in _KINDS:
             continue
         if op.type in CONTROL_FLOW_TYPES:
-            return "TF1 control flow in a pipeline stage (%s op %s)" % (op.type, op.name)
+            return "TF1 control flow in the training step (%s op %s)" % (op.type, op.name)
         if op.name in view.specialized:
-            return "a collective built per copy in a pipeline stage (%s)" % op.name
+            return "a collective built per copy in the training step (%s)" % op.name
     return None
 
 
-class StageCalls(object):
-    """What each (copy, micro-batch) has, once the stage functions are called.
+class StageFunctionBodies(Pass):
+    """Define each stage's forward and backward functions (before the replica clone,
+    which then copies only what the functions do not hold)."""
 
-    ``tensors[(copy, micro_batch)]`` maps a user tensor's name to the result of a
-    call (or of a residual op's copy); ``sums[copy]`` maps a dense gradient's name
-    to its sum over micro-batches; ``calls[(copy, micro_batch)][action]`` is the
-    call op of action (stage, kind, chunk).
-    """
-
-    def __init__(self, partition_):
-        self.partition = partition_
-        self.tensors = {}
-        self.sums = {}
-        self.calls = {}
-
-    def tensor(self, tensor, copy, micro_batch):
-        return self.tensors.get((copy, micro_batch), {}).get(tensor.name)
-
-    def accumulated(self, tensor, copy):
-        """The sum over micro-batches of dense tensor ``tensor`` in ``copy``, or None."""
-        return self.sums.get(copy, {}).get(tensor.name)
-
-    def boundaries(self, copy, micro_batches):
-        """({action key: [ops it starts with]}, {action key: [ops it ends with]}):
-        the calls of the action's functions (a backward may have several)."""
-        found = {}
-        for micro_batch in range(micro_batches):
-            for (stage, kind, _), call in self.calls[(copy, micro_batch)].items():
-                found.setdefault((stage, kind, micro_batch), []).append(call)
-        return found, found
-
-
-class StageFunctions(Pass):
-    """Lower a pipeline's micro-batches to calls of per-stage functions."""
-
-    name = "stage_functions"
+    name = "stage_function_bodies"
     phase = REPLICATE
-    reads = ("roles", "copies", "instances", "plan.micro_batching", "apply records")
-    writes = ("stage functions and their calls", "micro_batching (tensors per copy and "
-              "micro-batch, gradient sums)", "instances[(c, m)] of residual ops",
-              "program.substitutes", "program.extras")
+    reads = ("roles", "plan.micro_batching", "apply records")
+    writes = ("stage functions", "micro_batching (the partition and the functions)")
 
     def applies(self, ctx):
-        return ctx.plan.pipeline and ctx.plan.micro_batching[0] == STAGE_FUNCTIONS
+        return (ctx.plan.micro_batching is not None
+                and ctx.plan.micro_batching[0] == STAGE_FUNCTIONS
+                and (ctx.plan.pipeline or len(ctx.copies) > 1))
 
     def run(self, ctx):
         stage_ops, constants = _stage_ops(ctx)
         built = [op.name for op in stage_ops if op.name in ctx.view.specialized]
         if built:  # made by a model pass after the plan chose the lowering
             raise NotImplementedError(
-                "pipeline.micro_batching: a model pass built per-copy collectives in a "
-                "pipeline stage (%s), which stage functions cannot call once per "
+                "pipeline.micro_batching: a model pass built per-copy collectives in the "
+                "training step (%s), which stage functions cannot call once per copy and "
                 "micro-batch; set pipeline.micro_batching='unrolled'" % ", ".join(built[:3]))
         blocked = _downstream_of_gradients(ctx, stage_ops)
         part = partition(stage_ops, lambda op: _action_of(ctx, op),
                          lambda op: _movable(ctx, op, blocked), _chunk_ends(ctx))
-        unit = StageCalls(part)
         bodies = _bodies(ctx, part, constants)
         functions = dict(
             (action, tf_adapter.define_function(ctx.tf_graph, body.function_def(
                 _function_name(ctx, action)))) for action, body in bodies.items())
-        for copy in range(len(ctx.copies)):
-            _CopyBuilder(ctx, unit, bodies, functions, copy).build()
-        _order_shared_writes(ctx, unit, bodies)
-        _record_program(ctx, unit, bodies)
-        ctx.micro_batching = unit
-        LOG.info("EPL: pipeline micro-batches as stage functions: %r", part)
+        ctx.micro_batching = StageCalls(part, bodies, functions)
+        LOG.info("EPL: the step as stage functions: %r", part)
+
+
+class StageFunctionCalls(Pass):
+    """Call the stage functions per local copy and micro-batch (after the replica
+    clone); see :mod:`epl.parallel.passes.stage_calls`."""
+
+    name = "stage_function_calls"
+    phase = REPLICATE
+    reads = ("micro_batching", "copies", "instances")
+    writes = ("calls per copy and micro-batch", "micro_batching (tensors, gradient sums)",
+              "instances[(c, m)] of residual ops", "program.substitutes", "program.extras")
+
+    def applies(self, ctx):
+        return isinstance(ctx.micro_batching, StageCalls)
+
+    def run(self, ctx):
+        build_calls(ctx, ctx.micro_batching)
 
 
 # ---- which ops --------------------------------------------------------------------
@@ -260,6 +242,8 @@ def _parts(grad):
 
 def _summed_gradients(ctx):
     """Names of the dense gradients gradient aggregation sums over micro-batches."""
+    if ctx.num_micro_batch == 1:
+        return set()
     return set(item.grad.name for item in training_items(ctx).values()
                if not isinstance(item.grad, tf.IndexedSlices))
 
@@ -285,216 +269,3 @@ def _function_name(ctx, action):
     while name in taken:
         name, index = "%s_%d" % (base, index), index + 1
     return name
-
-
-# ---- calls ----------------------------------------------------------------------
-class _CopyBuilder(object):
-    """Calls and residual copies of one local copy, for every micro-batch.
-
-    Micro-batch 0 uses the copy's own residual ops; micro-batch k > 0 a clone of
-    them. Clones first read the copy's (no longer running) user tensors; once the
-    calls of their micro-batch exist they are rewired to the calls' results.
-    """
-
-    def __init__(self, ctx, unit, bodies, functions, copy):
-        self.ctx, self.unit, self.copy = ctx, unit, copy
-        self.bodies, self.functions = bodies, functions
-        self.part = unit.partition
-        self.residual = set(self.part.residual)
-        self.clones = {}   # micro-batch -> CloneResult of the copy's residual ops
-        skipped = ctx.skipped_ops(copy, 0)
-        self.own_residual = [ctx.instance(op, copy) for op in self.part.residual
-                             if op.name not in skipped]
-        # the copy's instances of user tensors/ops that calls replace
-        self.stand_in = {}
-        for action, body in bodies.items():
-            for tensor in body.outputs:
-                self.stand_in.setdefault(id(self._own(tensor)), tensor)
-        dropped = ctx.dropped.get((copy, 0), ())
-        self.dead = dict((id(ctx.instance(op, copy)), action)
-                         for action, ops in self.part.cores.items() for op in ops
-                         if op.name not in dropped)
-        self._zeros = {}
-
-    def _own(self, tensor):
-        return self.ctx.tensor_instance(tensor, self.copy, 0)
-
-    def build(self):
-        ctx = self.ctx
-        micro_batches = ctx.num_micro_batch
-        cloner = Cloner(ctx.tf_graph, self.own_residual) if self.own_residual else None
-        for micro_batch in range(micro_batches):
-            if micro_batch and cloner is not None:
-                self._clone_residual(cloner, micro_batch)
-            self._calls(micro_batch)
-        for micro_batch in range(1, micro_batches):
-            for op in (self.clones[micro_batch].ops.values() if micro_batch in self.clones
-                       else ()):
-                self._rewire(op, micro_batch)
-        self._rewire_readers_of_micro_batch_0()
-        last = self.unit.tensors[(self.copy, micro_batches - 1)]
-        self.unit.sums[self.copy] = dict(
-            (t.name, last[_sum_key(t)]) for body in self.bodies.values()
-            for t in body.accumulate)
-
-    def _clone_residual(self, cloner, micro_batch):
-        ctx, copy = self.ctx, self.copy
-        prefix = MICRO_BATCH_PREFIX % micro_batch
-        if copy:
-            prefix = "%s/%s" % (REPLICA_PREFIX % copy, prefix)
-        result = cloner.clone(prefix, device_of=lambda src: src.device, tag=(copy, micro_batch))
-        self.clones[micro_batch] = result
-        table = ctx.instances.setdefault((copy, micro_batch), {})
-        tensors = self.unit.tensors.setdefault((copy, micro_batch), {})
-        for user_op in self.part.residual:
-            own = ctx.instance(user_op, copy)
-            new_op = result.ops.get(own.name)
-            if new_op is None:
-                continue
-            table[user_op.name] = new_op
-            ctx.view.record_clone(new_op, ctx.view.info(user_op), copy, micro_batch,
-                                  user_op.name)
-            for tensor, new in zip(user_op.outputs, new_op.outputs):
-                tensors[tensor.name] = new
-
-    def _calls(self, micro_batch):
-        ctx, copy = self.ctx, self.copy
-        tensors = self.unit.tensors.setdefault((copy, micro_batch), {})
-        calls = self.unit.calls.setdefault((copy, micro_batch), {})
-        for action in self.part.order:
-            body = self.bodies[action]
-            inputs = [self._resolve(t, micro_batch) for t in body.inputs]
-            inputs += [self._running_sum(t, micro_batch) for t in body.accumulate]
-            controls = [self._resolve_op(c, micro_batch) for c in body.outside_controls]
-            stage, kind, _ = action
-            prefix = REPLICA_PREFIX % copy + "/" if copy else ""
-            with ctx.tf_graph.as_default(), tf.name_scope(None), tf.device(
-                    ctx.device(stage, copy)), tf.control_dependencies(controls):
-                call, results = tf_adapter.call_function(
-                    self.functions[action], inputs,
-                    "%s%s/%s" % (prefix, MICRO_BATCH_PREFIX % micro_batch,
-                                 self.functions[action].name))
-            ctx.view.record_clone(call, OpInfo(stage, _PHASES[kind]), copy, micro_batch, None)
-            calls[action] = call
-            # Static shapes (a C call each, tens of thousands at m = 32) only where
-            # something reads them: micro-batch 0's results replace user tensors;
-            # the last sums feed gradient fusion.
-            if micro_batch == 0:
-                for tensor, result in zip(body.outputs, results):
-                    result.set_shape(tensor.shape)
-            if micro_batch == ctx.num_micro_batch - 1:
-                for tensor, result in zip(body.accumulate, results[len(body.outputs):]):
-                    result.set_shape(tensor.shape)
-            for tensor, result in zip(body.outputs, results):
-                tensors[tensor.name] = result
-            for tensor, result in zip(body.accumulate, results[len(body.outputs):]):
-                tensors[_sum_key(tensor)] = result
-
-    def _running_sum(self, tensor, micro_batch):
-        if micro_batch:
-            return self.unit.tensors[(self.copy, micro_batch - 1)][_sum_key(tensor)]
-        dtype = tensor.dtype.base_dtype
-        if dtype not in self._zeros:
-            with self.ctx.tf_graph.as_default(), tf.name_scope(None), tf.device(
-                    self.ctx.host):
-                self._zeros[dtype] = tf.zeros([], dtype, name="EPL_STAGE_FUNCTIONS/zero")
-        return self._zeros[dtype]
-
-    def _resolve(self, tensor, micro_batch):
-        """The tensor (copy, micro_batch) reads for user tensor ``tensor``."""
-        if tensor.op in self.part.action_of or (micro_batch and tensor.op in self.residual):
-            return self.unit.tensors[(self.copy, micro_batch)][tensor.name]
-        return self._own(tensor)
-
-    def _resolve_op(self, op, micro_batch):
-        action = self.part.action_of.get(op)
-        if action is not None:
-            return self.unit.calls[(self.copy, micro_batch)][action]
-        if micro_batch and op in self.residual:
-            return self.ctx.instances[(self.copy, micro_batch)][op.name]
-        return self.ctx.instance(op, self.copy)
-
-    def _rewire(self, op, micro_batch):
-        """Point ``op`` (of ``micro_batch``) at the calls' results instead of the
-        user tensors they replace; make it wait for calls instead of user ops."""
-        tensors = self.unit.tensors[(self.copy, micro_batch)]
-        calls = self.unit.calls[(self.copy, micro_batch)]
-        for index, tensor in enumerate(op.inputs):
-            user = self.stand_in.get(id(tensor))
-            if user is not None:
-                tf_adapter.update_input(op, index, tensors[user.name])
-        for control in list(op.control_inputs):
-            action = self.dead.get(id(control))
-            if action is not None:
-                tf_adapter.replace_control_input(op, control, calls[action])
-
-    def _rewire_readers_of_micro_batch_0(self):
-        """Every other reader of the copy's user tensors (its updates, metrics,
-        summaries, EPL's ops, residual ops of micro-batch 0) reads micro-batch 0's
-        calls."""
-        seen, readers = set(), []
-        for action, body in self.bodies.items():
-            for tensor in body.outputs:
-                for consumer in self._own(tensor).consumers():
-                    if id(consumer) not in self.dead and id(consumer) not in seen:
-                        seen.add(id(consumer))
-                        readers.append(consumer)
-        dropped = self.ctx.dropped.get((self.copy, 0), ())
-        for action, ops in self.part.cores.items():
-            for op in ops:
-                if op.name in dropped:
-                    continue
-                for consumer in tf_adapter.control_outputs(self.ctx.instance(op, self.copy)):
-                    if id(consumer) not in self.dead and id(consumer) not in seen:
-                        seen.add(id(consumer))
-                        readers.append(consumer)
-        for reader in readers:
-            self._rewire(reader, 0)
-
-
-def _sum_key(tensor):
-    return "EPL_SUM:" + tensor.name
-
-
-# ---- ordering and the session's view -------------------------------------------------
-def _order_shared_writes(ctx, unit, bodies):
-    """Micro-batch k touches a variable that residual ops write (batch norm's moving
-    statistics) only after micro-batch k-1's writes, as with unrolled copies."""
-    writers, users = {}, {}
-    for op in unit.partition.residual:
-        for variable in tf_adapter.written_variables(op):
-            writers.setdefault(variable.name, []).append(op)
-    if not writers:
-        return
-    for op in unit.partition.residual:
-        for tensor in op.inputs:
-            if tensor.op.name in writers:
-                users.setdefault(tensor.op.name, []).append(("op", op))
-    for action, body in bodies.items():
-        for tensor in body.inputs:
-            if tensor.op.name in writers:
-                users.setdefault(tensor.op.name, []).append(("call", action))
-    for copy in range(len(ctx.copies)):
-        for name, written_by in writers.items():
-            for micro_batch in range(1, ctx.num_micro_batch):
-                before = [ctx.instances[(copy, micro_batch - 1)][w.name] if micro_batch > 1
-                          else ctx.instance(w, copy) for w in written_by]
-                for kind, user in users.get(name, ()):
-                    target = (unit.calls[(copy, micro_batch)][user] if kind == "call"
-                              else ctx.instances[(copy, micro_batch)][user.name])
-                    tf_adapter.add_control_inputs(target, before)
-
-
-def _record_program(ctx, unit, bodies):
-    """Fetching a user tensor that a call replaces returns micro-batch 0's result;
-    fetching one of its ops runs the other copies' calls of that action."""
-    program = ctx.program
-    for body in bodies.values():
-        for tensor in body.outputs:
-            program.substitutes[tensor.name] = unit.tensors[(0, 0)][tensor.name]
-    for action, ops in unit.partition.cores.items():
-        others = [unit.calls[(copy, 0)][action] for copy in range(1, len(ctx.copies))]
-        for op in ops:
-            program.replaced_ops.add(op.name)
-            if op.name in program.extras:
-                program.extras[op.name] = list(others)
