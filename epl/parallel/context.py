@@ -131,15 +131,21 @@ class RewriteContext(object):
         return self.instances.get((copy, micro_batch), {}).get(op.name, op)
 
     def tensor_instance(self, tensor, copy, micro_batch=0):
-        if self.micro_batching is not None:
-            found = self.micro_batching.tensor(tensor, copy, micro_batch)
+        unit = self.micro_batching
+        if unit is not None:
+            found = unit.tensor(tensor, copy, micro_batch)
             if found is not None:
                 return found
         alias = self.aliases.get((copy, micro_batch), {}).get(tensor.op.name)
         if alias is not None:
-            return alias
-        op = self.instance(tensor.op, copy, micro_batch)
-        return op.outputs[tensor.value_index]
+            result = alias
+        else:
+            result = self.instance(tensor.op, copy, micro_batch).outputs[tensor.value_index]
+        if unit is not None and result is not tensor:
+            # a gate the copy does without forwards a tensor that a call computes now
+            found = unit.tensor(result, copy, micro_batch)
+            return result if found is None else found
+        return result
 
     def record_gates(self, key, aliases, gates, dropped):
         """Record what instance ``key`` has instead of the gradient gates it does
@@ -159,10 +165,13 @@ class RewriteContext(object):
     def gate_instances(self, tensor, copy, micro_batch=0):
         """The ops a consumer of ``tensor_instance(tensor, ...)`` must wait for: the
         gradient gates of a forwarding Identity the copy does without, else none."""
-        if self.micro_batching is not None and \
-                self.micro_batching.tensor(tensor, copy, micro_batch) is not None:
+        unit = self.micro_batching
+        if unit is not None and unit.tensor(tensor, copy, micro_batch) is not None:
             return []  # a call's result: the call has finished every op of its body
-        return self.gates.get((copy, micro_batch), {}).get(tensor.op.name, [])
+        members = self.gates.get((copy, micro_batch), {}).get(tensor.op.name, [])
+        if unit is not None:  # user ops that calls replace no longer run: skip them
+            members = [op for op in members if op.name not in unit.replaced]
+        return members
 
     def is_cloned(self, op):
         return op.name not in self.roles.shared
