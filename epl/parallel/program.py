@@ -30,6 +30,10 @@ class ParallelProgram(object):
         self.replaced_ops = set()
         self._warned = set()
         self.sync_op = None     # broadcasts replica 0's variables to every copy
+        # EPL's state and collectives' set-up, all a session needs after the user's
+        # initializers ran when they also initialize the local copies (linked_init)
+        self.setup_op = None
+        self.linked_init = False
         self.init_check = None  # scalar bool: are the user's variables initialized?
         self.variable_copies = {}  # user variable op name -> [variable op of each copy]
         self.schedule = None       # the pipeline Schedule imposed, if any

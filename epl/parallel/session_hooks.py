@@ -28,7 +28,7 @@ from epl.ir.graph import Graph
 from epl.parallel import estimator, rewriter, step_check
 from epl.parallel.hooks import Patch
 from epl.session import roles, serving
-from epl.session.runner import ensure_synced, guarded, mark_unsynced
+from epl.session.runner import ensure_synced, guarded, mark_initialized, mark_unsynced
 
 LOG = logging.getLogger("epl")
 _UNWRAPPED_RUN = []                      # BaseSession.run as TF defines it
@@ -133,7 +133,7 @@ def _wrap_session_run(original, provider):
         values = guarded(program, ops,
                          lambda: original(self, flat, feed_dict, options, run_metadata))
         if initializing:
-            mark_unsynced(self)
+            mark_initialized(self, program)
         return mapper.build_results(values[:count])
     return run
 
@@ -154,7 +154,7 @@ def _wrap_make_callable(original, provider):
                 ensure_synced(self, program, _UNWRAPPED_RUN[0])
             values = guarded(program, ops, lambda: inner(*args, **kwargs))
             if initializing:
-                mark_unsynced(self)
+                mark_initialized(self, program)
             return mapper.build_results(values[:count])
         return call
     return make_callable

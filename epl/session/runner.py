@@ -14,7 +14,10 @@ from epl.session.reachability import wait_until_reachable
 from epl.session.watchdog import WATCHDOG
 
 LOG = logging.getLogger("epl")
-_SYNCED = weakref.WeakKeyDictionary()   # session -> bool (variables broadcast)
+# session -> True (copies equal replica 0), _INITIALIZED (the user's initializers ran
+# and set the copies too) or _NEEDS_BROADCAST; absent: unknown, broadcast when initialized
+_SYNCED = weakref.WeakKeyDictionary()
+_INITIALIZED, _NEEDS_BROADCAST = "initialized", "needs broadcast"
 _SYNC_LOCKS = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 _PREFLIGHT_DONE = weakref.WeakKeyDictionary()  # program -> True once peers answered
@@ -47,13 +50,21 @@ def guarded(program, ops, run_fn):
 
 
 def ensure_synced(session, program, run):
-    """Broadcast replica 0's variables once they are initialized (once per session)."""
-    if not program.needs_sync or _SYNCED.get(session):
+    """Broadcast replica 0's variables once they are initialized (once per session);
+    after the user's initializers set the copies too (``program.linked_init``), only
+    EPL's set-up runs."""
+    if not program.needs_sync or _SYNCED.get(session) is True:
         return
     with _LOCK:
         lock = _SYNC_LOCKS.setdefault(session, threading.Lock())
     with lock:  # per session: workers in one process sync concurrently
-        if _SYNCED.get(session):
+        state = _SYNCED.get(session)
+        if state is True:
+            return
+        if state == _INITIALIZED:
+            if program.setup_op is not None:
+                guarded(program, [program.setup_op], lambda: run(session, program.setup_op))
+            _SYNCED[session] = True
             return
         if program.init_check is not None and not run(session, program.init_check):
             return
@@ -63,4 +74,14 @@ def ensure_synced(session, program, run):
 
 
 def mark_unsynced(session):
-    _SYNCED[session] = False
+    """The user's variables changed on replica 0 only (a restore): broadcast again."""
+    _SYNCED[session] = _NEEDS_BROADCAST
+
+
+def mark_initialized(session, program):
+    """The user's initializers ran: with ``program.linked_init`` they set every local
+    copy as well, unless a restore since the last broadcast still needs one."""
+    if program.linked_init and _SYNCED.get(session) != _NEEDS_BROADCAST:
+        _SYNCED[session] = _INITIALIZED
+    else:
+        _SYNCED[session] = _NEEDS_BROADCAST

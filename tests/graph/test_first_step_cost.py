@@ -4,6 +4,7 @@ The first step of a pipelined graph pays for grappler on micro-batch copies
 (``benchmarks/rewrite_cost.py`` measures it); these tests pin the two graph
 properties that keep that cost down.
 """
+import numpy as np
 import tensorflow.compat.v1 as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.grappler import tf_optimizer
@@ -13,7 +14,8 @@ from epl.cluster import Cluster
 from epl.parallel import rewriter
 from epl.parallel.gates import GradientGates
 from epl.parallel.passes.micro_batches import constant_expressions
-from eplutil import dataset_input, initial_weights, make_data, staged_mlp, train_step
+from eplutil import (copy_values, dataset_input, initial_weights, make_data, staged_mlp,
+                     train_step)
 
 MICRO_BATCHES = 4
 
@@ -137,3 +139,67 @@ def test_gradient_gates_follow_chains_of_forwards():
         assert set(op.name for op in gates.waits(upstream)) <= set(
             op.name for op in gates.waits(name))
         assert not [op for op in gates.waits(name) if gates.skipped(op.name)]
+
+
+# ---- local replicas start without a broadcast ---------------------------------------
+def _dp_mlp(devices=2, random_init=True):
+    """A 2-replica MLP (random, unseeded initial values unless told otherwise)."""
+    epl.init(epl.Config(), cluster=Cluster(devices_per_worker=devices))
+    epl.set_default_strategy(epl.replicate(1))
+    x, y = make_data(64)
+    xb, yb = dataset_input(x, y, 4)
+    init = None if random_init else tf.constant_initializer(0.5)
+    hidden = tf.layers.dense(xb, 8, activation=tf.nn.relu, kernel_initializer=init, name="d1")
+    loss = tf.losses.sparse_softmax_cross_entropy(yb, tf.layers.dense(hidden, 3, name="d2"))
+    return train_step(loss)
+
+
+def test_local_replicas_are_initialized_with_replica_0_and_not_broadcast(monkeypatch):
+    """On one worker, the user's initializer sets every local copy from the same
+    (here random, unseeded) initial value; the first step runs EPL's set-up only,
+    not the broadcast of every weight and slot."""
+    from epl.session import runner
+    train = _dp_mlp()
+    broadcasts = []
+    monkeypatch.setattr(runner, "LOG", _Recorder(broadcasts, runner.LOG))
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    program = epl.Graph.get().parallel
+    assert program.linked_init
+    for name in ("d1/kernel", "d2/kernel"):
+        first, second = copy_values(sess, name)
+        assert (first == second).all() and first.any()
+    sess.run(train)
+    assert not [m for m in broadcasts if "synchronized" in m]
+    kernel = tf.get_default_graph().get_tensor_by_name("d1/kernel:0")
+    value = np.full(kernel.shape.as_list(), 0.25, np.float32)
+    [v for v in tf.global_variables() if v.op.name == "d1/kernel"][0].load(value, sess)
+    assert all((copy == value).all() for copy in copy_values(sess, "d1/kernel"))
+
+
+def test_a_restore_still_broadcasts_to_local_replicas(tmp_path):
+    train = _dp_mlp()
+    saver = tf.train.Saver()
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(train)
+        saved = copy_values(sess, "d1/kernel")[0]
+        path = saver.save(sess, str(tmp_path / "model"))
+        sess.run(tf.global_variables_initializer())  # different random values
+        saver.restore(sess, path)
+        sess.run(tf.train.get_global_step())  # the first run after a restore broadcasts
+        first, second = copy_values(sess, "d1/kernel")
+        assert (first == saved).all() and (second == saved).all()
+
+
+class _Recorder(object):
+    """A logger stand-in that records info messages."""
+
+    def __init__(self, messages, logger):
+        self.messages, self.logger = messages, logger
+
+    def info(self, message, *args):
+        self.messages.append(message % args if args else message)
+
+    def __getattr__(self, name):
+        return getattr(self.logger, name)

@@ -16,26 +16,40 @@ class VariableSync(Pass):
     them. Across workers the global step is broadcast too, so a restore on the
     chief reaches everyone. EPL's own state (gradient accumulators) is
     (re)initialized by the same op.
+
+    On one worker, the user's initializers also initialize the local copies
+    (:func:`link_copy_initializers`): after an initialization the session layer
+    runs only ``setup_op`` (EPL's state and the collectives' set-up), not the
+    broadcast, whose separate run (its own graph optimization and a full copy
+    of every weight and slot) cost seconds before the first step.
     """
 
     name = "variable_sync"
     phase = LOWER
     reads = ("roles.variables", "copies", "plan sync groups", "epl_variables")
-    writes = ("program.sync_op", "program.init_check")
+    writes = ("program.sync_op", "program.setup_op", "program.linked_init",
+              "program.init_check", "initializers of the local copies")
 
     def run(self, ctx):
         chain_shard_initializers(ctx)
+        ctx.program.linked_init = link_copy_initializers(ctx)
+        setup = []
+        for comm in ctx.communicators():
+            setup.extend(comm.setup_ops())
+        with tf.device(ctx.host), tf.name_scope("EPL_SYNC"):
+            if ctx.epl_variables:
+                setup.append(tf.variables_initializer(ctx.epl_variables, name="init_epl_state"))
+            if setup:
+                ctx.program.setup_op = tf.group(*setup, name="setup")
         ops = []
         local_only = ctx.view.zero.local_variables if ctx.view.zero is not None else ()
         for var_op in ctx.roles.variables:
             if var_op.name not in local_only:  # ZeRO: slots live on their owner only
                 ops.extend(self._broadcast_variable(ctx, var_op))
         ops.extend(self._broadcast_step(ctx))
-        for comm in ctx.communicators():
-            ops.extend(comm.setup_ops())
+        if ctx.program.setup_op is not None:
+            ops.append(ctx.program.setup_op)
         with tf.device(ctx.host), tf.name_scope("EPL_SYNC"):
-            if ctx.epl_variables:
-                ops.append(tf.variables_initializer(ctx.epl_variables, name="init_epl_state"))
             if not ops:
                 return
             ctx.program.sync_op = tf.group(*ops, name="sync")
@@ -103,6 +117,34 @@ def chain_shard_initializers(ctx):
             continue
         others = [_instance_initializer(ctx, name, copy) for copy in range(1, len(ctx.copies))]
         tf_adapter.add_control_inputs(first, [op for op in others if op is not None])
+
+
+def link_copy_initializers(ctx):
+    """On one worker, make each user variable's initializer also initialize its local
+    copies, from the same initial value in the same run (so seeded or not, every
+    copy starts equal). Returns True when every copied variable is linked.
+
+    A copy's assignment is a control input of the user's initializer: running
+    ``global_variables_initializer``, an initializer of its own, or ``Variable.load``
+    (which feeds the initial value) sets every copy. Restores still need the
+    broadcast (the session layer knows which happened)."""
+    if ctx.cluster.distributed or len(ctx.copies) < 2:
+        return False
+    names = [v.name for v in ctx.roles.variables if v.name not in ctx.sharded_variables]
+    initializers = initializers_of(ctx.tf_graph, names)
+    if len(initializers) != len(names):
+        return False
+    for name in names:
+        var_op = ctx.tf_graph.get_operation_by_name(name)
+        init = initializers[name]
+        value = init.inputs[1]
+        assigns = []
+        for copy in range(1, len(ctx.copies)):
+            with tf.device(ctx.device(ctx.taskgraph_of(var_op), copy)), \
+                    tf.name_scope("EPL_SYNC/init"):
+                assigns.append(tf_adapter.assign_variable(ctx.instance(var_op, copy), value))
+        tf_adapter.add_control_inputs(init, assigns)
+    return True
 
 
 def _instance_initializer(ctx, name, copy):
