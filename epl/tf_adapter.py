@@ -190,6 +190,16 @@ def switch(tensor, pred):
     return _control_flow_ops.switch(tensor, pred)
 
 
+def merge(tensors):
+    """The one live tensor of ``tensors`` (the others are dead at run time)."""
+    return _control_flow_ops.merge(tensors)[0]
+
+
+def remove_control_inputs(op):
+    """Drop every control input of an existing op."""
+    op._remove_all_control_inputs()  # pylint: disable=protected-access
+
+
 def control_flow_context(graph=None):
     """The while/cond context new ops of ``graph`` are created in (None outside)."""
     graph = graph if graph is not None else _ops.get_default_graph()
