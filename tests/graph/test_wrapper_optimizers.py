@@ -94,16 +94,17 @@ def _dynamic_contrib(initial, decrease=0.8):
     return contrib.mixed_precision.LossScaleOptimizer(_adam(), manager)
 
 
-# name -> builder of the optimizer; each trains data-parallel like serial training
+# name -> builder of the optimizer; each trains data-parallel like serial training.
+# ConditionalLike and MultiLike skip Optimizer.__init__.
 TRAINED = {
     "MovingAverageOptimizer(Adam)": lambda: contrib.opt.MovingAverageOptimizer(_adam()),
-    "ConditionalLike(Adam), no Optimizer.__init__": lambda: ConditionalLike(_adam()),
-    "MultiLike(d1: Adam, d2: Momentum), no Optimizer.__init__": lambda: MultiLike(
+    "ConditionalLike(Adam)": lambda: ConditionalLike(_adam()),
+    "MultiLike(d1=Adam,d2=Momentum)": lambda: MultiLike(
         {"d1": _adam(), "d2": tf.train.MomentumOptimizer(0.1, 0.9)}),
-    "contrib LossScaleOptimizer(Adam), fixed 128": lambda: contrib.mixed_precision.
+    "contrib.LossScaleOptimizer(Adam,fixed=128)": lambda: contrib.mixed_precision.
     LossScaleOptimizer(_adam(), contrib.mixed_precision.FixedLossScaleManager(128.0)),
-    "contrib LossScaleOptimizer(Adam), dynamic": lambda: _dynamic_contrib(2.0 ** 15),
-    "MixedPrecisionLossScaleOptimizer(Adam), 128": lambda: tf.train.experimental.
+    "contrib.LossScaleOptimizer(Adam,dynamic)": lambda: _dynamic_contrib(2.0 ** 15),
+    "MixedPrecisionLossScaleOptimizer(Adam,128)": lambda: tf.train.experimental.
     MixedPrecisionLossScaleOptimizer(_adam(), 128.0),
     "ConditionalLike(MovingAverageOptimizer(Adam))": lambda: ConditionalLike(
         contrib.opt.MovingAverageOptimizer(_adam())),
@@ -114,7 +115,7 @@ REFUSED = {
     "SyncReplicasOptimizer(Adam)": (
         lambda: tf.train.SyncReplicasOptimizer(_adam(), replicas_to_aggregate=1),
         ["SyncReplicasOptimizer", "parameter-server", "AdamOptimizer", "directly"]),
-    "horovod _DistributedOptimizer(Adam)": (
+    "horovod._DistributedOptimizer(Adam)": (
         lambda: FakeHorovodOptimizer(_adam()),
         ["Horovod", "_DistributedOptimizer", "averaged twice", "AdamOptimizer",
          "epl-launch"]),
