@@ -100,7 +100,8 @@ def _wrap_apply_gradients(original, provider):
         view = _view()
         if view is None or view.phase == Phase.APPLY:
             return original(self, *args, **kwargs)
-        optimizers.check_supported(self)  # Horovod's or parameter-server data parallelism
+        # Horovod's or parameter-server data parallelism; a second loss scale with AMP
+        optimizers.check_supported(self, provider().config.amp.level)
         if pairs_arg is None:
             return original(self, *args, **kwargs)
         try:

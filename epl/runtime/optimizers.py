@@ -19,6 +19,9 @@ twice or wait for workers that do not exist:
   ``ModelAverageOptimizer`` and ``AGNOptimizer`` aggregate or average over
   parameter-server replicas.
 
+TensorFlow's loss-scale optimizers are refused together with ``amp.level``: EPL's
+AMP scales the loss too, and the two scales multiply.
+
 Example::
 
     opt = tf.contrib.opt.MovingAverageOptimizer(tf.train.AdamOptimizer(1e-3))
@@ -38,6 +41,10 @@ _PARAMETER_SERVER = {
     "ModelAverageOptimizer": "averages local models through parameter servers",
     "AGNOptimizer": "accumulates local gradients on parameter servers",
 }
+
+
+# loss-scale optimizers: refused together with EPL's AMP (amp.level)
+_LOSS_SCALING = frozenset(["LossScaleOptimizer", "MixedPrecisionLossScaleOptimizer"])
 
 
 class UnsupportedOptimizerError(ValueError):
@@ -114,8 +121,9 @@ def shard_followers(variables, sharded):
     return found
 
 
-def refusal(optimizer):
-    """Why EPL cannot train with ``optimizer`` (a message), or None when it can."""
+def refusal(optimizer, amp_level=""):
+    """Why EPL cannot train with ``optimizer`` (a message), or None when it can.
+    ``amp_level``: the config's ``amp.level`` (EPL's AMP scales the loss itself)."""
     for member in chain(optimizer):
         for cls in type(member).__mro__:
             module = getattr(cls, "__module__", "") or ""
@@ -123,14 +131,27 @@ def refusal(optimizer):
                 return _horovod_message(member, optimizer)
             if module.startswith("tensorflow") and cls.__name__ in _PARAMETER_SERVER:
                 return _parameter_server_message(member, cls.__name__, optimizer)
+            if amp_level and module.startswith("tensorflow") and \
+                    cls.__name__ in _LOSS_SCALING:
+                return _loss_scaling_message(member, cls.__name__, optimizer, amp_level)
     return None
 
 
-def check_supported(optimizer):
+def check_supported(optimizer, amp_level=""):
     """Raise :class:`UnsupportedOptimizerError` for an optimizer EPL refuses."""
-    message = refusal(optimizer)
+    message = refusal(optimizer, amp_level)
     if message is not None:
         raise UnsupportedOptimizerError(message)
+
+
+def _loss_scaling_message(member, name, optimizer, amp_level):
+    return (
+        "EPL cannot train with tf %s%s while amp.level=%r: EPL's AMP scales the loss and "
+        "skips non-finite steps itself, and two loss scales multiply (128 x 32768 overflows "
+        "float16 on most steps). Use one of them: pass the optimizer it wraps (%s) and keep "
+        "amp.level (amp.loss_scale sets a fixed scale), or set amp.level to \"\" and keep "
+        "the loss-scale optimizer." % (name, _outer_text(member, optimizer), amp_level,
+                                       _wrapped_name(member)))
 
 
 def _outer_text(member, optimizer):

@@ -268,3 +268,16 @@ def test_moving_average_optimizer_under_split_keeps_sharded_averages():
             assert max_diff(reference[name], [full]) < TOL, name
         average = reference["classifier/kernel/ExponentialMovingAverage"]
         assert not np.allclose(average, reference["classifier/kernel"])
+
+
+@pytest.mark.parametrize("name", ["contrib.LossScaleOptimizer(Adam,fixed=128)",
+                                  "MixedPrecisionLossScaleOptimizer(Adam,128)"])
+def test_loss_scale_optimizer_with_epl_amp_is_refused(name):
+    """Two loss scales multiply (EPL's AMP and the optimizer's): one of them must go."""
+    epl.init(epl.Config({"amp.level": "O1"}), cluster=Cluster(devices_per_worker=2))
+    epl.set_default_strategy(epl.replicate(1))
+    loss = mlp(*dataset_input(*make_data(16), 8), weights=initial_weights())
+    with pytest.raises(optimizers.UnsupportedOptimizerError,
+                       match=r"while amp.level='O1': EPL's AMP scales the loss .* pass the "
+                             r"optimizer it wraps \(AdamOptimizer\)"):
+        _train_op(TRAINED[name], loss)
