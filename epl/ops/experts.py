@@ -46,9 +46,8 @@ def expert_variable(original, scope, var_store, name, shape, dtype, initializer,
     dtype = tf.as_dtype(dtype or tf.float32)
     local = [full_shape[0] // width] + full_shape[1:]
     value = shards.variable_initial_value(initializer, full_shape, 0, width, dtype, local)
-    kwargs = dict(kwargs, shape=None, initializer=value, dtype=dtype, validate_shape=False)
+    kwargs = dict(kwargs, shape=None, initializer=value, dtype=dtype)
     variable = original(scope, var_store, name, **kwargs)
-    variable.set_shape(local)
     view_of(variable.graph).sharded_variables[variable.op.name] = ShardInfo(
         name, full_shape, 0, width)
     split.experts[variable.op.name] = width

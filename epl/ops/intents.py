@@ -13,8 +13,7 @@ the right dtype and static shape:
 * ``all_reduce(x)``: the sum over members (its gradient is ``all_reduce``);
 * ``all_to_all(x)``: axis-0 chunk j goes to member j (its own gradient);
 * ``per_copy(build, ...)``: ``build(position)`` evaluated for each copy (initial
-  values of sharded variables); ``per_copy_of(value, build)`` does the same for
-  consumers of a real tensor (an unsplit initial value drawn like plain TF).
+  values of sharded variables).
 
 The stand-in is a placeholder with a control input on the intent's inputs: if
 it ever ran unlowered, TF would fail loudly ("must feed a value"), never
@@ -59,12 +58,6 @@ def position(width):
 def per_copy(build, dtype, shape, width):
     """A tensor whose value each copy computes with ``build(position)`` (a Python int)."""
     return _record(PER_COPY, _stand_in(PER_COPY, [], dtype, shape), [], width, build)
-
-
-def per_copy_of(value, build, width):
-    """``value`` (a tensor built like plain TF would) stands in for itself: each copy's
-    consumers of it read ``build(position)`` instead (the copy's slice of it)."""
-    return _record(PER_COPY, value, [], width, build)
 
 
 def _rows(shape, factor):

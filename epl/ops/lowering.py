@@ -101,14 +101,12 @@ def _check_width(ctx, intent, taskgraph):
 
 def _build(ctx, intent, taskgraph, copy, micro_batch, inputs):
     """The real tensor standing for ``intent`` in (copy, micro_batch), with no more static
-    shape than the stand-in declared and its own: copies' values differ in shape (shard
-    widths), and a stand-in may be an unsplit value (``intents.per_copy_of``)."""
+    shape than the stand-in declared: copies' values differ in shape (shard widths)."""
     value = _build_value(ctx, intent, taskgraph, copy, micro_batch, inputs)
     declared = intent.stand_in.shape
-    relaxed = value.shape.most_specific_compatible_shape(declared)
-    if value.shape.as_list() != relaxed.as_list():
+    if value.shape.is_compatible_with(declared) and value.shape.as_list() != declared.as_list():
         with tf.device(ctx.device(taskgraph, copy)), tf.name_scope("EPL_SPLIT"):
-            value = tf.placeholder_with_default(value, relaxed)
+            value = tf.placeholder_with_default(value, declared)
     return value
 
 

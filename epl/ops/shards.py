@@ -20,7 +20,7 @@ Initial values, so that a split model and its unsplit twin can be compared:
 """
 import numpy as np
 
-from epl.ops import intents
+from epl.ops import intents, seeds
 from epl.tf_adapter import tf
 
 
@@ -84,23 +84,24 @@ def _instance(initializer):
 
 
 def variable_initial_value(initializer, full_shape, axis, width, dtype, shard_static_shape):
-    """The value a sharded variable is created with: a tensor each copy replaces with its
-    shard's initial value when split layers are lowered (see the module docstring).
+    """The value a sharded variable is created with: a stand-in of ``shard_static_shape``
+    that each copy replaces with its shard's initial value when split layers are lowered
+    (see the module docstring).
 
-    Under a graph-level seed the unsplit value is drawn now, as the first ops of the
-    variable, exactly as ``tf.get_variable`` would call the initializer, and stands for
-    itself (no extra op, so ops built later keep plain TF's seeds too); each copy
-    takes its slice. Otherwise a placeholder of ``shard_static_shape`` stands in and
-    each copy builds its shard's value then. Create the variable with
-    ``validate_shape=False`` and give it ``shard_static_shape``."""
+    Under a graph-level seed the unsplit value is drawn first, exactly where
+    ``tf.get_variable`` would call the initializer, so its random op gets plain TF's
+    seed; each copy takes its slice. The stand-in is an op plain TF does not make, so
+    it is reported to :mod:`epl.ops.seeds` (ops built later keep plain TF's seeds)."""
     initializer = _instance(initializer)
-    if tf.get_default_graph().seed is not None:
+    graph = tf.get_default_graph()
+    if graph.seed is not None:
         full = initializer(list(full_shape), dtype=dtype)
-        return intents.per_copy_of(
-            full, lambda position: _shard_of(full, full_shape, axis, width, position), width)
-    return intents.per_copy(
-        lambda position: initial_value(initializer, full_shape, axis, width, position, dtype),
-        dtype, shard_static_shape, width)
+        build = lambda position: _shard_of(full, full_shape, axis, width, position)  # noqa
+    else:
+        build = lambda position: initial_value(  # noqa: E731
+            initializer, full_shape, axis, width, position, dtype)
+    with seeds.extra(graph):
+        return intents.per_copy(build, dtype, shard_static_shape, width)
 
 
 def _shard_of(full, full_shape, axis, width, position):
