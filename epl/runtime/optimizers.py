@@ -162,16 +162,20 @@ def _outer_text(member, optimizer):
 
 def _horovod_message(member, optimizer):
     return (
-        "EPL cannot train with Horovod's %s%s: it all-reduces the gradients over the "
-        "processes horovodrun started, and EPL already averages them over its replicas, "
+        "EPL cannot train with Horovod's DistributedOptimizer (%s)%s: it all-reduces the "
+        "gradients over the processes horovodrun started, and EPL already averages them "
+        "over its replicas, "
         "so two data-parallel systems would run at once (gradients averaged twice, "
         "collectives waiting for processes that do not exist). Pass the optimizer it "
         "wraps (%s) instead of hvd.DistributedOptimizer(...), drop hvd.init / "
         "BroadcastGlobalVariablesHook / hvd.size() learning-rate scaling (EPL broadcasts "
         "the initial variables itself; scale the learning rate by the number of replicas "
         "yourself if you did), and start the job with epl-launch instead of horovodrun."
-        % (type(member).__name__, _outer_text(member, optimizer),
-           _wrapped_name(member)))
+        % (_qualified(type(member)), _outer_text(member, optimizer), _wrapped_name(member)))
+
+
+def _qualified(cls):
+    return "%s.%s" % (cls.__module__, cls.__name__)
 
 
 def _parameter_server_message(member, name, optimizer):
