@@ -9,6 +9,7 @@ import tensorflow.compat.v1 as tf
 from tensorflow.python.client import session as _session
 from tensorflow.python.eager import context as _context
 from tensorflow.python.framework import ops as _ops
+from tensorflow.python.framework import random_seed as _random_seed
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import control_flow_ops as _control_flow_ops
 from tensorflow.python.ops import gen_math_ops as _gen_math
@@ -26,6 +27,8 @@ __all__ = ["tf", "collective_ops"]
 # Patch targets, grouped by concern: (owner object, attribute name).
 OP_CREATION = (_ops.Graph, "_add_op")
 GRAPH_FINALIZE = (_ops.Graph, "finalize")
+# How every random op derives its seeds (graph seed, op seed or the op count).
+GET_SEED = (_random_seed, "get_seed")
 GRADIENTS = (_gradients_util, "_GradientsHelper")
 # The context tf.gradients opens around the gradient ops of each forward op.
 GRADIENT_OF_OP = (_gradients_util, "_maybe_colocate_with")
@@ -126,6 +129,12 @@ def op_id(op):
     return op._id  # pylint: disable=protected-access
 
 
+def last_op_id(graph):
+    """The id of the last op created in ``graph``: what TF uses as an unseeded random
+    op's seed under a graph-level seed."""
+    return graph._last_id  # pylint: disable=protected-access
+
+
 def set_device(op, device):
     """Place an already-created op."""
     op._set_device(device)  # pylint: disable=protected-access
@@ -179,6 +188,16 @@ def function_names(graph):
 def switch(tensor, pred):
     """(output_false, output_true): the untaken side is a dead tensor at run time."""
     return _control_flow_ops.switch(tensor, pred)
+
+
+def merge(tensors):
+    """The one live tensor of ``tensors`` (the others are dead at run time)."""
+    return _control_flow_ops.merge(tensors)[0]
+
+
+def remove_control_inputs(op):
+    """Drop every control input of an existing op."""
+    op._remove_all_control_inputs()  # pylint: disable=protected-access
 
 
 def control_flow_context(graph=None):

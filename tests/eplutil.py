@@ -130,9 +130,15 @@ def worker_rows(x, steps, workers, per_worker_batch, worker):
 
 
 def copy_values(sess, var_name):
-    """Values of every local copy of a user variable (copy 0 first)."""
-    program = epl.Graph.get(sess.graph).parallel
-    return sess.run([op.outputs[0] for op in program.variable_copies[var_name]])
+    """Values of every local copy of a user variable, ref or resource (copy 0 first)."""
+    reads = []
+    for op in epl.Graph.get(sess.graph).parallel.variable_copies[var_name]:
+        if op.type == "VarHandleOp":
+            reads.append(tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
+                                                   dtype=op.get_attr("dtype")))
+        else:
+            reads.append(op.outputs[0])
+    return sess.run(reads)
 
 
 def train_and_save_copies(train, steps, out_dir, worker):

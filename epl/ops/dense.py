@@ -9,7 +9,7 @@ unsplit model. Variables have an unknown static size along the sharded axis:
 the model is built once and copied to every shard, whose widths differ by at
 most one column.
 """
-from epl.ops import intents, shards
+from epl.ops import intents, seeds, shards
 from epl.ops.state import ShardInfo, state, view_of
 from epl.tf_adapter import tf
 
@@ -51,10 +51,8 @@ class SplitDenseMixin(object):
         dtype = tf.as_dtype(dtype or self.dtype or tf.float32)
         axis = len(full_shape) - 1
         width = self.split_width
-        value = intents.per_copy(
-            lambda position: shards.initial_value(initializer, full_shape, axis, width,
-                                                  position, dtype),
-            dtype, full_shape[:axis] + [None], width)
+        value = shards.variable_initial_value(initializer, full_shape, axis, width, dtype,
+                                              full_shape[:axis] + [None])
         trainable = True if trainable is None else trainable
         split = state(value.graph)
         split.creating = True
@@ -76,7 +74,8 @@ class SplitDenseMixin(object):
         graph = inputs.graph
         split = state(graph)
         with split.implementing(view_of(graph)):
-            gathered = intents.all_gather(inputs, self.split_width)
+            with seeds.extra(graph):
+                gathered = intents.all_gather(inputs, self.split_width)
             outputs = super(SplitDenseMixin, self).call(gathered)
         split.sharded[outputs.name] = ShardInfo(self.name, [None, self.units], -1,
                                                 self.split_width)

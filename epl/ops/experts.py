@@ -22,7 +22,7 @@ is lowered so that each device runs its own experts on every device's tokens:
   no expert variable undoes that (capacity chunks back to the expert axis) and
   sends every row back to the device whose tokens it holds.
 """
-from epl.ops import intents, shards
+from epl.ops import intents, seeds, shards
 from epl.ops.state import ShardInfo, split_width, state, view_of
 from epl.tf_adapter import tf
 
@@ -45,10 +45,7 @@ def expert_variable(original, scope, var_store, name, shape, dtype, initializer,
             "it outside the split scope" % (width, name, full_shape, width, width))
     dtype = tf.as_dtype(dtype or tf.float32)
     local = [full_shape[0] // width] + full_shape[1:]
-    value = intents.per_copy(
-        lambda position: shards.initial_value(initializer, full_shape, 0, width, position,
-                                              dtype),
-        dtype, local, width)
+    value = shards.variable_initial_value(initializer, full_shape, 0, width, dtype, local)
     kwargs = dict(kwargs, shape=None, initializer=value, dtype=dtype)
     variable = original(scope, var_store, name, **kwargs)
     view_of(variable.graph).sharded_variables[variable.op.name] = ShardInfo(
@@ -91,13 +88,15 @@ def _expert_local_width(tensor, depth=12):
 
 def _to_owners(value, width):
     """[E, G, C, ...] (all experts) -> [E/N, G, N*C, ...] (own experts, all senders)."""
-    received = intents.all_to_all(value, width)
-    return tf.concat(tf.split(received, width, axis=0), axis=2)
+    with seeds.extra(value.graph):
+        received = intents.all_to_all(value, width)
+        return tf.concat(tf.split(received, width, axis=0), axis=2)
 
 
 def _to_senders(value, width):
     """Inverse of _to_owners: [E/N, G, N*C, ...] -> [E, G, C, ...] on each sender."""
-    return intents.all_to_all(tf.concat(tf.split(value, width, axis=2), axis=0), width)
+    with seeds.extra(value.graph):
+        return intents.all_to_all(tf.concat(tf.split(value, width, axis=2), axis=0), width)
 
 
 def einsum(original, equation, *inputs, **kwargs):

@@ -17,8 +17,9 @@ import functools
 import inspect
 import sys
 
-from epl.ops import dense, experts, losses, metrics
-from epl.ops.state import is_replica_level, is_sharded, split_width, state
+from epl import tf_adapter
+from epl.ops import dense, experts, losses, metrics, seeds
+from epl.ops.state import is_replica_level, is_sharded, shard_info, split_width, state
 from epl.parallel.hooks import Patch
 from epl.tf_adapter import tf
 
@@ -90,9 +91,29 @@ def _dispatch(original, split_version, tensor_args, check):
         tensors = [v for v in values if isinstance(v, tf.Tensor)]
         if not tensors or _busy(tensors[0]) or not any(check(t) for t in tensors):
             return original(*args, **kwargs)
-        result = split_version(bound.arguments)
-        return original(*args, **kwargs) if result is None else result
+        plain = seeds.plain_op_count(original, bound.arguments, _unsplit_shapes(bound))
+        with seeds.replacing(tensors[0].graph, plain):
+            result = split_version(bound.arguments)
+        if result is None:
+            return original(*args, **kwargs)
+        return result
     return wrapper
+
+
+def _unsplit_shapes(bound):
+    """{argument: a static shape plain TF's tensor has} for tensor arguments: the rank,
+    and the unsplit size of a sharded axis (rows differ: sharded logits cover the
+    replica's batch)."""
+    shapes = {}
+    for name, value in bound.arguments.items():
+        if not isinstance(value, tf.Tensor) or value.shape.ndims is None:
+            continue
+        dims = [None] * value.shape.ndims
+        info = shard_info(value)
+        if info is not None:
+            dims[info.axis] = info.full_shape[info.axis]
+        shapes[name] = dims
+    return shapes
 
 
 def _losses_call(arguments):
@@ -140,6 +161,7 @@ def patches(provider):
     """Patches of the "ops" concern, bound to an Env provider."""
     del provider
     result = [Patch("ops", (tf.keras.layers.Dense, "build"), _wrap_build),
+              Patch("ops", tf_adapter.GET_SEED, seeds.wrap_get_seed),
               Patch("ops", (tf.VariableScope, "get_variable"), _wrap_get_variable)]
     for target in _targets(tf.einsum):
         result.append(Patch("ops", target, _wrap_einsum))

@@ -6,6 +6,11 @@ prime class counts included) and no shard is empty.
 
 Initial values, so that a split model and its unsplit twin can be compared:
 
+* under a graph-level seed (``tf.set_random_seed``) the unsplit value is drawn
+  where plain TF would draw it, when the variable is created: TF derives an
+  unseeded op's seed from the number of ops made so far, so the random op gets
+  plain TF's seed, and each shard is its slice of plain TF's value, whatever is
+  built later (:func:`variable_initial_value`);
 * a constant initializer (an array) gives each shard exactly its slice;
 * a seeded random initializer draws the unsplit value and slices it;
 * an unseeded variance-scaling initializer (Glorot, the default) draws the
@@ -15,6 +20,7 @@ Initial values, so that a split model and its unsplit twin can be compared:
 """
 import numpy as np
 
+from epl.ops import intents, seeds
 from epl.tf_adapter import tf
 
 
@@ -72,11 +78,42 @@ def _fans(shape):
     return shape[-2] * receptive, shape[-1] * receptive
 
 
+def _instance(initializer):
+    initializer = initializer if initializer is not None else tf.glorot_uniform_initializer()
+    return initializer() if isinstance(initializer, type) else initializer
+
+
+def variable_initial_value(initializer, full_shape, axis, width, dtype, shard_static_shape):
+    """The value a sharded variable is created with: a stand-in of ``shard_static_shape``
+    that each copy replaces with its shard's initial value when split layers are lowered
+    (see the module docstring).
+
+    Under a graph-level seed the unsplit value is drawn first, exactly where
+    ``tf.get_variable`` would call the initializer, so its random op gets plain TF's
+    seed; each copy takes its slice. The stand-in is an op plain TF does not make, so
+    it is reported to :mod:`epl.ops.seeds` (ops built later keep plain TF's seeds)."""
+    initializer = _instance(initializer)
+    graph = tf.get_default_graph()
+    if graph.seed is not None:
+        full = initializer(list(full_shape), dtype=dtype)
+        build = lambda position: _shard_of(full, full_shape, axis, width, position)  # noqa
+    else:
+        build = lambda position: initial_value(  # noqa: E731
+            initializer, full_shape, axis, width, position, dtype)
+    with seeds.extra(graph):
+        return intents.per_copy(build, dtype, shard_static_shape, width)
+
+
+def _shard_of(full, full_shape, axis, width, position):
+    start = shard_bounds(full_shape[axis], width, position)[0]
+    begin = [0] * len(full_shape)
+    begin[axis] = start
+    return tf.slice(full, begin, shard_shape(full_shape, axis, width, position))
+
+
 def initial_value(initializer, full_shape, axis, width, position, dtype):
     """This shard's initial value (a tensor) under the rules of the module docstring."""
-    initializer = initializer if initializer is not None else tf.glorot_uniform_initializer()
-    if isinstance(initializer, type):
-        initializer = initializer()
+    initializer = _instance(initializer)
     start, size = shard_bounds(full_shape[axis], width, position)
     shard = shard_shape(full_shape, axis, width, position)
     constant = _constant_value(initializer, full_shape, dtype)
@@ -84,9 +121,7 @@ def initial_value(initializer, full_shape, axis, width, position, dtype):
         return tf.constant(_slice(constant, axis, start, size), dtype=dtype)
     if getattr(initializer, "seed", None) is not None:
         full = initializer(list(full_shape), dtype=dtype)
-        begin = [0] * len(full_shape)
-        begin[axis] = start
-        return tf.slice(full, begin, shard)
+        return _shard_of(full, full_shape, axis, width, position)
     if isinstance(initializer, tf.keras.initializers.VarianceScaling) or \
             type(initializer).__name__ == "VarianceScaling" or hasattr(initializer, "mode"):
         return _variance_scaling_for_shard(initializer, full_shape, shard)(shard, dtype=dtype)

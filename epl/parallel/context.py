@@ -8,6 +8,7 @@ never makes up a group.
 from epl import tf_adapter
 from epl.communicators import Communicator, KeyRegistry
 from epl.parallel.program import ParallelProgram
+from epl.runtime import optimizers
 
 # Communicators over one group, one per purpose: the collectives of one purpose
 # are ordered on a ring member, and a fetch of a merged loss must not wait for
@@ -17,19 +18,22 @@ GRADIENTS, OUTPUTS, SYNC, LAYERS = "grads", "outputs", "sync", "layers"
 
 def sharded_variable_names(view):
     """{name: ShardInfo} of the variables split layers sharded, plus their optimizer
-    slots (sharded like their variable)."""
+    slots and moving averages (sharded like their variable). Slots are found through
+    the chain of wrapped optimizers (a wrapper may have no slot table), moving averages
+    by their colocation and shard shape (:mod:`epl.runtime.optimizers`)."""
     names = dict(view.sharded_variables)
+    if not names:
+        return names
     for call in view.apply_calls:
-        optimizer = call.optimizer
-        slot_names = getattr(optimizer, "get_slot_names", lambda: [])()
         for _, var in call:
             info = view.sharded_variables.get(var.op.name)
             if info is None:
                 continue
-            for slot in slot_names:
-                found = optimizer.get_slot(var, slot)
-                if found is not None:
-                    names[found.op.name] = info
+            for slot in optimizers.slot_variables(call.optimizer, var):
+                names[slot.op.name] = info
+    variables = view.tf_graph.get_collection(tf_adapter.tf.GraphKeys.GLOBAL_VARIABLES)
+    for name, leader in optimizers.shard_followers(variables, view.sharded_variables).items():
+        names.setdefault(name, view.sharded_variables[leader])
     return names
 
 

@@ -20,7 +20,7 @@ from epl.ir.phase import Phase
 from epl.ir.records import ApplyCall, GradientCall, as_list
 from epl.parallel import step_check
 from epl.parallel.hooks import Patch
-from epl.runtime import build_time
+from epl.runtime import build_time, optimizers
 from epl.strategies.context import get_context
 
 
@@ -88,7 +88,8 @@ def _wrap_apply_gradients(original, provider):
     the APPLY phase. Works for any signature whose first argument after ``self`` is
     the (gradient, variable) pairs (tf.train and Keras optimizers, user subclasses);
     nested calls (a subclass calling ``super()``, a wrapper optimizer calling the one
-    it wraps) are recorded once, by the outermost call."""
+    it wraps) are recorded once, by the outermost call. An optimizer that brings its
+    own data parallelism (:func:`epl.runtime.optimizers.refusal`) is refused there."""
     signature = inspect.signature(original)
     params = list(signature.parameters.values())
     pairs_arg = params[1].name if len(params) > 1 and params[1].kind in (
@@ -97,7 +98,11 @@ def _wrap_apply_gradients(original, provider):
     @functools.wraps(original)
     def apply_gradients(self, *args, **kwargs):
         view = _view()
-        if view is None or view.phase == Phase.APPLY or pairs_arg is None:
+        if view is None or view.phase == Phase.APPLY:
+            return original(self, *args, **kwargs)
+        # Horovod's or parameter-server data parallelism; a second loss scale with AMP
+        optimizers.check_supported(self, provider().config.amp.level)
+        if pairs_arg is None:
             return original(self, *args, **kwargs)
         try:
             bound = signature.bind(self, *args, **kwargs)

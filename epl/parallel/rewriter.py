@@ -18,6 +18,7 @@ from epl.parallel.passes.auto_stages import AutoStages, partition_stages
 from epl.parallel.passes.batch_split import BatchSplit
 from epl.ops.checkpoint import ShardedCheckpoints
 from epl.ops.lowering import SplitLowering
+from epl.runtime.gc_select import UnusedCheckpoints
 from epl.runtime.offload import Offload
 from epl.runtime.zero import ZeroSync
 from epl.parallel.passes.io_slicing import IOSlicing
@@ -40,6 +41,7 @@ LOG = logging.getLogger("epl")
 
 PASSES = (
     AutoStages(),
+    UnusedCheckpoints(),
     IOSlicing(),
     SplitLowering(),
     ClassifyRoles(),

@@ -25,7 +25,7 @@ import contextlib
 from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.ir.traverse import CONTROL_FLOW_TYPES as _CONTROL_FLOW, control_flow_interior
-from epl.runtime import amp_lists
+from epl.runtime import amp_lists, graph_records
 from epl.runtime.amp_paint import paint
 from epl.tf_adapter import tf
 
@@ -295,6 +295,7 @@ class _Rewrite(object):
             table[tensor] = twin.outputs[index]
         self.twin_ops[op] = twin
         self.converted.append((op.name, twin.name))
+        graph_records.record_replacement(self.view, op, twin)
 
     def _twin(self, op, inputs):
         attrs = dict(op.node_def.attr)

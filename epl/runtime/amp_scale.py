@@ -8,7 +8,9 @@ One :class:`LossScale` per differentiated loss (``tf.gradients`` ys):
   good steps in a row the scale doubles; a step with a non-finite gradient
   halves it (never below 1) and resets the counter.
 
-With ``amp.debug_log`` an int64 ``EPL_AMP/skipped_steps`` counts skipped steps.
+An int64 ``EPL_AMP/skipped_in_a_row`` counts the skipped steps since the last
+applied one (for the warning); with ``amp.debug_log`` an int64
+``EPL_AMP/skipped_steps`` counts all skipped steps.
 The variables are ordinary global variables of the loss's TaskGraph: EPL
 clones them per copy like the user's, and checkpoints hold them (a restored run
 keeps its scale).
@@ -18,9 +20,10 @@ float16 gradients). At ``apply_gradients`` (:func:`apply_if_finite`) the
 gradients the optimizer receives are checked for inf/nan. EPL's gradient
 aggregation later rewires those very inputs to the all-reduced gradients, so
 every replica checks the same values and takes the same decision. A skipped
-step changes nothing but the loss-scale state: every state-changing op the
-optimizer built (updates, slots, ``global_step``) gets a control input that
-is dead on that step.
+step changes nothing but the loss-scale state and ``global_step``: every other
+state-changing op the optimizer built (updates, slots) gets a control input
+that is dead on that step; the step still advances and is reported
+(:mod:`epl.runtime.amp_skip`), so step-based hooks end.
 """
 import collections
 import inspect
@@ -29,6 +32,7 @@ import sys
 from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.ir.traverse import ancestors, control_flow_interior
+from epl.runtime import amp_skip
 from epl.runtime.amp_convert import clean_context, scope
 from epl.tf_adapter import tf
 
@@ -66,6 +70,7 @@ class LossScale(object):
                 self.value = tf.constant(self.fixed, tf.float32, name="loss_scale")
             if debug_log:
                 self.skipped_var = self._variable(0, tf.int64, "skipped_steps")
+            self.in_a_row_var = self._variable(0, tf.int64, "skipped_in_a_row")
 
     @staticmethod
     def _variable(value, dtype, name):
@@ -73,7 +78,8 @@ class LossScale(object):
 
     @property
     def variables(self):
-        return [v for v in (self.scale_var, self.good_var, self.skipped_var) if v is not None]
+        return [v for v in (self.scale_var, self.good_var, self.skipped_var, self.in_a_row_var)
+                if v is not None]
 
     def _taskgraph_of(self, op):
         info = self.view.info(op)
@@ -131,6 +137,9 @@ class LossScale(object):
             ops += [tf.assign(self.scale_var, new_scale), tf.assign(self.good_var, new_good)]
         if self.skipped_var is not None:
             ops.append(tf.assign_add(self.skipped_var, 1 - tf.cast(finite, tf.int64)))
+        in_a_row = self.in_a_row_var.value()
+        ops.append(tf.assign(self.in_a_row_var,
+                             tf.where(finite, tf.zeros_like(in_a_row), in_a_row + 1)))
         return tf.group(*ops, name="update_loss_scale")
 
     def report(self, finite, after):
@@ -206,21 +215,29 @@ def apply_if_finite(view, call, bound, pairs_name, scales, interval):
     bound.arguments[pairs_name] = tuple(gated)
     first = len(graph.get_operations())
     result = call(bound)
-    gate_ops(graph, graph.get_operations()[first:], token)
+    new_ops = graph.get_operations()[first:]
+    increments = amp_skip.step_increments(new_ops, bound.arguments.get("global_step"))
+    gate_ops(graph, new_ops, token, exempt=increments)
     with clean_context(graph), scope(view, taskgraph, Phase.APPLY), tf.name_scope("EPL_AMP"):
+        amp_skip.always_advance(increments, finite)
+        first_copy = amp_skip.first_copy_flag(view)
         last = [s.update(finite, interval) for s in scales]
         last = [s.report(finite, op) if s.skipped_var is not None else op
                 for s, op in zip(scales, last)]
+        last = [amp_skip.warn_skipped(s, finite, op, first_copy) for s, op in zip(scales, last)]
     result_op = result if isinstance(result, tf.Operation) else getattr(result, "op", None)
     if result_op is not None:
         tf_adapter.add_control_inputs(result_op, last)
     return result
 
 
-def gate_ops(graph, new_ops, token):
+def gate_ops(graph, new_ops, token, exempt=()):
     """Give every op in ``new_ops`` that writes state a control input from ``token``
-    (dead on skipped steps), except what initializes the variables they created and
-    ops inside while loops (which cannot take control inputs)."""
+    (dead on skipped steps), except what initializes the variables they created, ops
+    inside while loops (which cannot take control inputs) and ``exempt`` ops (the
+    global step's increment, which advances on skipped steps too)."""
+    exempt = set(exempt)
+    new_ops = [op for op in new_ops if op not in exempt]
     created = set(new_ops)
     roots = []
     for key in (tf.GraphKeys.GLOBAL_VARIABLES, tf.GraphKeys.LOCAL_VARIABLES):

@@ -14,8 +14,11 @@ Selection works on ops: a checkpoint op keeps every output the backward needs.
 import collections
 import math
 
+from epl.config import ConfigError
 from epl.ir.traverse import unique_ops
-from epl.runtime import gc_graph
+from epl.parallel.passes import MODEL, Pass
+from epl.runtime import gc_graph, graph_records
+from epl.runtime.graph_records import PerGraph
 
 COLLECTION = "checkpoints"
 MIN_BLOCK_OPS = 8      # a repeated block has at least this many forward ops
@@ -31,10 +34,13 @@ Selection.__doc__ = """Checkpoint ops (creation order) and how they were chosen 
 
 
 def from_collection(region, graph):
-    """Checkpoint ops of the tensors in the ``checkpoints`` collection.
+    """Checkpoint ops of the ``checkpoints`` collection's tensors in this call's region.
 
-    Entries may be tensors or tensor names ("scope/op:0"). Anything that cannot
-    be a checkpoint of this gradient call is an error naming the entry: a
+    Entries may be tensors or tensor names ("scope/op:0"); an entry a build-time
+    rewrite replaced (AMP's float16 twin) stands for its replacement. Each
+    ``tf.gradients`` call uses the entries between its own variables and losses (a
+    GAN's two losses each use their tower's), and records them: an entry no call
+    uses is an error when the graph is parallelized (:class:`UnusedCheckpoints`), a
     silently ignored checkpoint would train with the memory the user meant to save.
     """
     entries = graph.get_collection(COLLECTION)
@@ -45,23 +51,75 @@ def from_collection(region, graph):
             'before the optimizer computes gradients, or set gradient_checkpoint.type = '
             '"auto"' % (COLLECTION, COLLECTION))
     interior = gc_graph.control_flow_interior(region.ops)
+    use = _USES.of(region.view)
+    use.losses.append(", ".join(y.name for y in region.ys))
     ops = []
     for entry in entries:
-        tensor = _resolve(graph, entry)
+        tensor = graph_records.current_tensor(region.view, _resolve(graph, entry))
         if tensor.op not in region:
-            raise CheckpointError(
-                'gradient_checkpoint.type = "collection": checkpoint tensor %r (tf collection '
-                '"%s") is not between the variables and the loss of tf.gradients(%s): the '
-                "loss does not depend on it through the variables being differentiated, so "
-                "it cannot be a checkpoint" % (tensor.name, COLLECTION,
-                                               ", ".join(y.name for y in region.ys)))
+            continue
         if id(tensor.op) in interior:
             raise CheckpointError(
                 'gradient_checkpoint.type = "collection": checkpoint tensor %r is inside a '
                 "tf.while_loop or tf.cond; checkpoint a tensor outside the loop or branch"
                 % tensor.name)
+        use.used.add(tensor.name)
         ops.append(tensor.op)
     return Selection(unique_ops(ops), "collection")
+
+
+class _CollectionUse(object):
+    """Which collection entries (current tensor names) some gradient call used, and
+    the losses of the calls that looked."""
+
+    def __init__(self):
+        self.used = set()
+        self.losses = []
+
+
+_USES = PerGraph(_CollectionUse)
+
+
+def unused_entries(view):
+    """[(entry name, current tensor name)] of collection entries no call used."""
+    use = _USES.get(view)
+    if use is None:
+        return []
+    graph = view.tf_graph
+    found = []
+    for entry in graph.get_collection(COLLECTION):
+        original = _resolve(graph, entry)
+        tensor = graph_records.current_tensor(view, original)
+        if tensor.name not in use.used:
+            found.append((original.name, tensor.name))
+    return found
+
+
+class UnusedCheckpoints(Pass):
+    """Refuse ``checkpoints`` collection entries that no ``tf.gradients`` call could use."""
+
+    name = "unused_checkpoints"
+    phase = MODEL
+    reads = ("checkpoints collection", "collection entries used by gradient calls")
+    writes = ()
+
+    def applies(self, ctx):
+        return ctx.config.gradient_checkpoint.type == "collection"
+
+    def run(self, ctx):
+        unused = unused_entries(ctx.view)
+        if not unused:
+            return
+        losses = _USES.get(ctx.view).losses
+        names = ", ".join(repr(name) if name == now else "%r (now %r)" % (name, now)
+                          for name, now in unused)
+        raise ConfigError(
+            'gradient_checkpoint.type = "collection": checkpoint tensor(s) %s (tf collection '
+            '"%s") are not between the variables and the loss of any tf.gradients call '
+            "(losses: %s): no loss depends on them through the variables being "
+            "differentiated, so they cannot be checkpoints; remove them from the collection "
+            "(a tf.gradients call inside a tf.while_loop or tf.cond body is not "
+            "checkpointed)" % (names, COLLECTION, "; ".join(losses)))
 
 
 def _resolve(graph, entry):

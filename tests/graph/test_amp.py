@@ -108,13 +108,17 @@ def test_listed_ops_have_float16_kernels_except_the_known_ones():
             assert cpu_half(op_type) == expected, op_type
 
 
-def test_config_check_refuses_amp_keys_without_a_level():
-    amp.check_config(epl.Config({"amp.level": "O1", "amp.loss_scale": 128}))
-    amp.check_config(epl.Config({}))
-    with pytest.raises(ConfigError, match="amp.loss_scale"):
-        amp.check_config(epl.Config({"amp.loss_scale": 128}))
-    with pytest.raises(ConfigError, match="amp.debug_log"):
-        amp.check_config(epl.Config({"amp.debug_log": True}))
+def test_epl_init_refuses_amp_keys_without_a_level(monkeypatch):
+    epl.init(epl.Config({"amp.level": "O1", "amp.loss_scale": 128}))
+    epl.init(epl.Config({}))
+    with pytest.raises(ConfigError, match=r"amp.loss_scale = 10000 \(source: dict\) has no "
+                                          r'effect unless amp.level is set; set amp.level to "O1"'):
+        epl.init(epl.Config({"amp.loss_scale": 10000}))
+    with pytest.raises(ConfigError, match=r"amp.debug_log = True \(source: dict\)"):
+        epl.init(epl.Config({"amp.debug_log": True}))
+    monkeypatch.setenv("EPL_AMP_LOSS_SCALE", "128")
+    with pytest.raises(ConfigError, match=r"amp.loss_scale = 128 \(source: env EPL_AMP_LOSS"):
+        epl.init()
 
 
 # ---- the rewritten graph ---------------------------------------------------------------
@@ -360,7 +364,9 @@ def test_overflow_skips_the_step_on_every_replica_and_the_scale_adapts(monkeypat
     assert [s["EPL_AMP/good_steps"] for s in states] == [[1, 1], [0, 0], [1, 1], [2, 2],
                                                          [0, 0]]
     assert [s["EPL_AMP/skipped_steps"] for s in states][-1] == [1, 1]
-    assert steps == [1, 1, 2, 3, 4]  # the skipped step does not advance global_step
+    assert steps == [1, 2, 3, 4, 5]  # a skipped step still counts (step-based hooks end)
+    in_a_row = [s["EPL_AMP/skipped_in_a_row"] for s in states]
+    assert in_a_row == [[0, 0], [1, 1], [0, 0], [0, 0], [0, 0]]
     for name in ("d1/kernel", "d1/bias", "d2/kernel", "d1/kernel/Momentum"):
         for copy in (0, 1):
             np.testing.assert_array_equal(states[1][name][copy], states[0][name][copy])
@@ -369,7 +375,8 @@ def test_overflow_skips_the_step_on_every_replica_and_the_scale_adapts(monkeypat
 
 
 def test_fixed_scale_skips_non_finite_steps_and_keeps_optimizer_state():
-    """Adam's slots, beta powers and global_step stay as they were on a skipped step."""
+    """Adam's slots and beta powers stay as they were on a skipped step; global_step
+    advances."""
     epl.init(_config(amp__loss_scale=128), cluster=Cluster(devices_per_worker=1))
     x, y = make_data(16)
     boost = tf.placeholder_with_default(1.0, [], name="boost")
@@ -384,10 +391,12 @@ def test_fixed_scale_skips_non_finite_steps_and_keeps_optimizer_state():
         before = dict(zip(names, sess.run(tf.global_variables())))
         sess.run(train, {boost: 1e5})
         after = dict(zip(names, sess.run(tf.global_variables())))
+        counters = {"global_step": 1, "EPL_AMP/skipped_in_a_row": 1}
         for name in names:
-            np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+            expected = before[name] + counters.get(name, 0)
+            np.testing.assert_array_equal(after[name], expected, err_msg=name)
         sess.run(train)
-        assert sess.run(tf.train.get_global_step()) == 2
+        assert sess.run(tf.train.get_global_step()) == 3
 
 
 def test_keras_optimizer_on_resource_variables():

@@ -21,7 +21,8 @@ from epl.cluster import Cluster
 from epl.config import ConfigError
 from epl.ir.phase import Phase
 from epl.runtime import gradient_checkpoint as gc
-from eplutil import MEASURED, dataset_input, initial_weights, make_data, mlp, train_step
+from eplutil import (MEASURED, copy_values, dataset_input, initial_weights, make_data,
+                     max_diff, mlp, serial_train, train_step)
 from realmodels import Bert, ResNet
 
 TOL = 1e-5
@@ -210,12 +211,27 @@ def test_end_taskgraph_beyond_the_model_is_an_error():
         model.train_op(loss)
 
 
-@pytest.mark.parametrize("key,value", [("gradient_checkpoint.end_taskgraph", 0),
-                                       ("gradient_checkpoint.check_gradients", True)])
-def test_gc_keys_without_a_type_are_refused(key, value):
-    with pytest.raises(ConfigError, match="%s = %r .* unless gradient_checkpoint.type"
-                       % (key.replace(".", r"\."), value)):
-        epl.init(epl.Config({key: value}))
+@pytest.mark.parametrize("variable,value", [("EPL_GRADIENT_CHECKPOINT_END_TASKGRAPH", "0"),
+                                            ("EPL_GRADIENT_CHECKPOINT_CHECK_GRADIENTS", "True")])
+def test_gc_keys_exported_without_a_type_train_like_serial(variable, value, monkeypatch):
+    """A refinement exported for every job does not break a job without
+    gradient_checkpoint.type: it trains data-parallel like serial training, nothing is
+    recomputed (the one-time warning: tests/unit/test_availability.py)."""
+    monkeypatch.setenv(variable, value)
+    x, y = make_data(64)
+    _, reference = serial_train(x, y, 16, 4)
+    epl.init(cluster=Cluster(devices_per_worker=2))
+    epl.set_default_strategy(epl.replicate(1))
+    train = train_step(mlp(*dataset_input(x, y, 8), weights=initial_weights()))
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for _ in range(4):
+            sess.run(train)
+        copies = copy_values(sess, "d1/kernel") + copy_values(sess, "d2/kernel")
+    worst = max(max_diff(reference[name], copies[i * 2:i * 2 + 2])
+                for i, name in enumerate(("d1/kernel", "d2/kernel")))
+    assert worst < TOL
+    assert gc.state() is None
 
 
 # ---- check_gradients ----------------------------------------------------------------------
@@ -280,11 +296,14 @@ def test_empty_collection_names_the_key_and_value():
 
 
 def test_unknown_checkpoint_tensor_names_the_tensor():
+    """Each gradient call uses the entries in its own region; an entry no call uses
+    is refused when the graph is parallelized (more: tests/graph/test_gc_collection.py)."""
     features, _, loss = _mlp({"gradient_checkpoint.type": "collection"})
     tf.add_to_collection("checkpoints", features * 2.0)     # not on the way to the loss
+    train_step(loss)
     with pytest.raises(ConfigError, match=r'gradient_checkpoint.type = "collection": '
-                                          r"checkpoint tensor 'mul:0' .* is not between"):
-        train_step(loss)
+                                          r"checkpoint tensor\(s\) 'mul:0' .* not between"):
+        tf.get_default_graph().finalize()
 
 
 def test_checkpoint_name_missing_from_the_graph_is_named():

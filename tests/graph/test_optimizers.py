@@ -13,7 +13,7 @@ import tensorflow.compat.v1 as tf
 
 import epl
 from epl.cluster import Cluster
-from eplutil import dataset_input, initial_weights, make_data, max_diff, mlp
+from eplutil import copy_values, dataset_input, initial_weights, make_data, max_diff, mlp
 
 STEPS = 4
 TOL = 1e-5
@@ -99,18 +99,6 @@ def _values(sess):
     return dict(zip([v.op.name for v in variables], sess.run([v.value() for v in variables])))
 
 
-def _copy_values(sess, name):
-    """Values of every local copy of a user variable (ref or resource), copy 0 first."""
-    reads = []
-    for op in epl.Graph.get(sess.graph).parallel.variable_copies[name]:
-        if op.type == "VarHandleOp":
-            reads.append(tf.raw_ops.ReadVariableOp(resource=op.outputs[0],
-                                                   dtype=op.get_attr("dtype")))
-        else:
-            reads.append(op.outputs[0])
-    return sess.run(reads)
-
-
 def _model(x, y, batch, build):
     """(loss, train op); Keras optimizers need resource variables in graph mode."""
     resource = build in (_keras_step, _keras_subclass_step)
@@ -149,7 +137,7 @@ def test_optimizer_data_parallel_matches_serial(kind):
     assert view.parallel is not None and len(view.apply_calls) == 1
     assert sorted(v.op.name for v in view.apply_calls[0].variables) == sorted(TRAINED)
     for name in TRAINED:
-        copies = _copy_values(sess, name)
+        copies = copy_values(sess, name)
         assert len(copies) == 2
         assert max_diff(reference[name], copies) < TOL, name
     assert not np.allclose(reference["d1/kernel"], initial_weights()["d1/kernel"])

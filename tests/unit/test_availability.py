@@ -55,3 +55,24 @@ def test_epl_init_refuses_before_touching_anything(not_built):
     import epl
     with pytest.raises(ConfigError, match="offload.level"):
         epl.init(epl.Config({"offload.level": "v0"}))
+
+
+def test_gc_refinements_exported_for_every_job_only_warn_once(monkeypatch, caplog):
+    """The seed table lists gradient_checkpoint.check_gradients and end_taskgraph as keys
+    of their own; exported for every job they must not break one without a type."""
+    import logging
+    import epl
+    monkeypatch.setattr(availability, "_WARNED", set(), raising=False)
+    monkeypatch.setenv("EPL_GRADIENT_CHECKPOINT_CHECK_GRADIENTS", "True")
+    monkeypatch.setenv("EPL_GRADIENT_CHECKPOINT_END_TASKGRAPH", "1")
+    with caplog.at_level(logging.WARNING, logger="epl"):
+        epl.init()
+        epl.init()
+    warned = [r.getMessage() for r in caplog.records if "has no effect" in r.getMessage()]
+    assert len(warned) == 2, warned
+    assert "gradient_checkpoint.check_gradients = True (source: env " \
+        "EPL_GRADIENT_CHECKPOINT_CHECK_GRADIENTS) has no effect: gradient_checkpoint.type " \
+        "is ''" in warned[0] + warned[1]
+    assert "gradient_checkpoint.end_taskgraph = 1" in warned[0] + warned[1]
+    epl.init(Config({"gradient_checkpoint.type": "auto"}))   # used: no warning
+    assert len([r for r in caplog.records if "has no effect" in r.getMessage()]) == 2
