@@ -88,7 +88,8 @@ def _wrap_apply_gradients(original, provider):
     the APPLY phase. Works for any signature whose first argument after ``self`` is
     the (gradient, variable) pairs (tf.train and Keras optimizers, user subclasses);
     nested calls (a subclass calling ``super()``, a wrapper optimizer calling the one
-    it wraps) are recorded once, by the outermost call."""
+    it wraps) are recorded once, by the outermost call; calls EPL makes while building
+    its own ops (ZeRO learning the other workers' slots) are not recorded."""
     signature = inspect.signature(original)
     params = list(signature.parameters.values())
     pairs_arg = params[1].name if len(params) > 1 and params[1].kind in (
@@ -97,7 +98,7 @@ def _wrap_apply_gradients(original, provider):
     @functools.wraps(original)
     def apply_gradients(self, *args, **kwargs):
         view = _view()
-        if view is None or view.phase == Phase.APPLY or pairs_arg is None:
+        if view is None or view.phase in (Phase.APPLY, Phase.EPL) or pairs_arg is None:
             return original(self, *args, **kwargs)
         try:
             bound = signature.bind(self, *args, **kwargs)

@@ -20,6 +20,7 @@ from epl.ops.checkpoint import ShardedCheckpoints
 from epl.ops.lowering import SplitLowering
 from epl.runtime.offload import Offload
 from epl.runtime.zero import ZeroSync
+from epl.runtime.zero_checkpoint import ZeroCheckpoints
 from epl.parallel.passes.io_slicing import IOSlicing
 from epl.parallel.passes.classify import ClassifyRoles
 from epl.parallel.passes.gradients import GradientAggregation
@@ -54,8 +55,9 @@ PASSES = (
     SharedStepDependencies(),
     ScheduleLowering(),
     MergedOutputs(),
-    VariableSync(),
     ShardedCheckpoints(),
+    ZeroCheckpoints(),
+    VariableSync(),
 )
 
 

@@ -6,6 +6,7 @@
   servers are up (a missing worker is named, not waited for forever) and runs
   under the watchdog.
 """
+import contextlib
 import logging
 import threading
 import weakref
@@ -15,6 +16,8 @@ from epl.session.watchdog import WATCHDOG
 
 LOG = logging.getLogger("epl")
 _SYNCED = weakref.WeakKeyDictionary()   # session -> bool (variables broadcast)
+_RESTORED = weakref.WeakKeyDictionary()  # session -> (saver, path) of its last restore
+_RESTORING = weakref.WeakKeyDictionary()  # session -> number of restores under way
 _SYNC_LOCKS = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 _PREFLIGHT_DONE = weakref.WeakKeyDictionary()  # program -> True once peers answered
@@ -47,8 +50,10 @@ def guarded(program, ops, run_fn):
 
 
 def ensure_synced(session, program, run):
-    """Broadcast replica 0's variables once they are initialized (once per session)."""
-    if not program.needs_sync or _SYNCED.get(session):
+    """Broadcast replica 0's variables once they are initialized (once per session).
+
+    Never from inside a restore (:func:`restoring`): the broadcast follows it."""
+    if not program.needs_sync or _SYNCED.get(session) or _RESTORING.get(session):
         return
     with _LOCK:
         lock = _SYNC_LOCKS.setdefault(session, threading.Lock())
@@ -58,9 +63,30 @@ def ensure_synced(session, program, run):
         if program.init_check is not None and not run(session, program.init_check):
             return
         guarded(program, [program.sync_op], lambda: run(session, program.sync_op))
+        restored = _RESTORED.get(session)
+        for step in program.after_sync:
+            step(lambda fetches, feed: guarded(program, [getattr(fetches, "op", fetches)],
+                                               lambda: run(session, fetches, feed)), restored)
         _SYNCED[session] = True
         LOG.info("EPL synchronized replica variables with worker 0's replica 0")
 
 
-def mark_unsynced(session):
+@contextlib.contextmanager
+def restoring(session):
+    """A saver restores ``session``'s variables inside: its runs broadcast nothing.
+
+    A restore on initialized variables would otherwise broadcast before it, and a
+    worker that does not restore (only worker 0's directory holds checkpoints)
+    would join that broadcast and not the one after it."""
+    _RESTORING[session] = _RESTORING.get(session, 0) + 1
+    try:
+        yield
+    finally:
+        _RESTORING[session] -= 1
+
+
+def mark_unsynced(session, restored=None):
+    """The session's variables were (re)initialized, or restored by ``restored``
+    = (saver, path): the next run broadcasts them again first."""
     _SYNCED[session] = False
+    _RESTORED[session] = restored
