@@ -122,6 +122,7 @@ class ZeroCheckpoints(Pass):
             states = [checkpoint.RemoteState(slot.name, "", ref) for slot, ref in refs]
             checkpoint.add_saver_adapter(
                 ctx.tf_graph, lambda saver: _complete(saver, saveables, states, record, host))
+            ctx.program.after_sync.append(_OwnersHoldTheirSlots(refs, host))
         elif record.rank != 0:
             _keep_slots_readable(ctx)
         checkpoint.barrier_after_sync(ctx)
@@ -150,6 +151,34 @@ def _owner_device(ctx, slot):
     spec = tf.DeviceSpec.from_string(local)
     spec.task = slot.owner
     return spec.to_string()
+
+
+class _OwnersHoldTheirSlots(object):
+    """After the first-run broadcast (every owner has initialized): each slot worker 0
+    learned of exists on its owner. An optimizer that names its variables by creation
+    order would make worker 0 name slots the owner does not have; a checkpoint of
+    them would fail much later, or restore into nothing."""
+
+    def __init__(self, refs, host):
+        self._slots = [slot for slot, _ in refs]
+        checks = []
+        for _, ref in refs:
+            with tf.device(ref.device):
+                checks.append(tf_adapter.is_variable_initialized(ref))
+        with tf.device(host), tf.name_scope("EPL_ZERO_REMOTE"):
+            self._op = tf.stack(checks, name="owners_hold_slots")
+
+    def __call__(self, run, restored):
+        del restored
+        missing = [slot for slot, held in zip(self._slots, run(self._op, None)) if not held]
+        if missing:
+            from epl.runtime.zero import ZeroError   # the error users catch for ZeRO
+            raise ZeroError(
+                "zero.level: worker 0 expected these optimizer variables on their owners, "
+                "which do not have them: %s. The optimizer names its variables by the order "
+                "of its calls, so worker 0 cannot name another worker's; save only the model "
+                "variables (tf.train.Saver(var_list=tf.trainable_variables())) or run without "
+                "ZeRO" % ", ".join("%s (worker %d)" % (s.name, s.owner) for s in missing[:5]))
 
 
 class _RemoteSlot(tf_adapter.SaveableObject):

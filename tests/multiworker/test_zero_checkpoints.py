@@ -142,8 +142,25 @@ class _OnceOnly(tf.train.AdamOptimizer):
         return super(_OnceOnly, self).apply_gradients(grads_and_vars, global_step, name)
 
 
-@pytest.mark.parametrize("case", ["dict_var_list", "optimizer_called_once"])
-def test_a_checkpoint_that_would_miss_slots_is_refused(case):
+class _NamedByOrder(tf.train.GradientDescentOptimizer):
+    """Keeps an accumulator per variable named by the order of creation, not by the
+    variable: the names worker 0 gets for another worker's variables are not that
+    worker's."""
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        updates = []
+        for grad, var in grads_and_vars:
+            total = tf.Variable(tf.zeros(var.shape), trainable=False, name="grad_total")
+            updates.append(total.assign_add(grad))
+        with tf.control_dependencies(updates):
+            return super(_NamedByOrder, self).apply_gradients(grads_and_vars, global_step, name)
+
+
+@pytest.mark.parametrize("case", ["dict_var_list", "optimizer_called_once", "named_by_order"])
+def test_a_checkpoint_that_would_miss_slots_is_refused(case, monkeypatch):
+    # named_by_order: worker 1 then waits for worker 0 at the barrier until the timeout
+    monkeypatch.setenv("EPL_COMMUNICATION_TIMEOUT", "15")
+
     def worker(index):
         if case == "dict_var_list":
             train, saver = _session_step("dict")
@@ -151,7 +168,9 @@ def test_a_checkpoint_that_would_miss_slots_is_refused(case):
             epl.set_default_strategy(epl.replicate(1))
             x, y = make_data(8)
             loss = mlp(*dataset_input(x, y, 4), weights=initial_weights())
-            train, saver = _OnceOnly(0.01).minimize(loss), tf.train.Saver()
+            optimizer = _OnceOnly(0.01) if case == "optimizer_called_once" else \
+                _NamedByOrder(0.1)
+            train, saver = optimizer.minimize(loss), tf.train.Saver()
         with tf.Session() as sess:
             sess.run(tf.global_variables_initializer())
             sess.run(train)
@@ -159,6 +178,10 @@ def test_a_checkpoint_that_would_miss_slots_is_refused(case):
                 saver.save(sess, "/nonexistent/ckpt")
             except ValueError as error:
                 return str(error)
+    if case == "named_by_order":   # found by worker 0 before the first step
+        with pytest.raises(AssertionError, match="worker 0 failed: ZeroError: .*grad_total"):
+            run_workers(worker, 2, 1, epl.Config({"zero.level": "v1"}), timeout=150)
+        return
     refused = run_workers(worker, 2, 1, epl.Config({"zero.level": "v1"}))[0]
     assert refused is not None and "zero.level='v1'" in refused
     assert ("var_list" in refused if case == "dict_var_list"
