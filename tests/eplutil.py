@@ -81,6 +81,48 @@ def staged_mlp(x, y, weights, depth=2, scopes=None):
     return value
 
 
+class AdamWeightDecay(tf.train.Optimizer):
+    """Adam with decoupled weight decay, written like BERT's AdamWeightDecayOptimizer:
+    its ``apply_gradients`` builds the m/v updates with plain assigns and never calls
+    ``tf.train.Optimizer.apply_gradients``."""
+
+    def __init__(self, learning_rate, decay=0.01, beta1=0.9, beta2=0.999, epsilon=1e-6,
+                 name="AdamWeightDecay"):
+        super(AdamWeightDecay, self).__init__(False, name)
+        self.learning_rate, self.decay = learning_rate, decay
+        self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        targets = []
+        for grad, var in grads_and_vars:
+            if grad is None:
+                continue
+            base = var.op.name
+            slot = lambda suffix: tf.get_variable(
+                base + suffix, shape=var.shape, dtype=var.dtype.base_dtype, trainable=False,
+                initializer=tf.zeros_initializer())
+            m, v = slot("/adamw_m"), slot("/adamw_v")
+            new_m = self.beta1 * m + (1.0 - self.beta1) * grad
+            new_v = self.beta2 * v + (1.0 - self.beta2) * tf.square(grad)
+            step = new_m / (tf.sqrt(new_v) + self.epsilon)
+            if not base.endswith("bias"):
+                step += self.decay * var
+            targets += [(var, var - self.learning_rate * step), (m, new_m), (v, new_v)]
+        # Every new value is computed before any variable changes: ref variables are
+        # read lazily, so an early assign would otherwise leak into other gradients.
+        with tf.control_dependencies([value for _, value in targets]):
+            return tf.group(*[ref.assign(value) for ref, value in targets], name=name)
+
+
+def adamw_step(loss):
+    """BERT's create_optimizer: apply, then bump the global step outside the optimizer."""
+    step = tf.train.get_or_create_global_step()
+    tvars = tf.trainable_variables()
+    grads = tf.gradients(loss, tvars)
+    train = AdamWeightDecay(0.01).apply_gradients(zip(grads, tvars), global_step=step)
+    return tf.group(train, step.assign(step + 1))
+
+
 def dataset_input(x, y, batch):
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
     return tf.data.make_one_shot_iterator(data).get_next()

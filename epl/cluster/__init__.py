@@ -36,8 +36,11 @@ WORKER_JOB = "worker"
 _ENV_HOOKS = []
 
 
-class ClusterError(ValueError):
-    """TF_CONFIG or device settings that EPL cannot use."""
+class ClusterError(ValueError, RuntimeError):
+    """TF_CONFIG or device settings that EPL cannot use.
+
+    Also a ``RuntimeError``, which the original EPL raised for them, so code that
+    catches either keeps working."""
 
 
 def parse_tf_config(text):
@@ -189,7 +192,9 @@ class Cluster(object):
     ``Cluster(worker_hosts, worker_index, devices_per_worker)``; without
     ``devices_per_worker`` the devices are discovered (visible GPUs, else
     ``EPL_NUM_VIRTUAL_DEVICES`` virtual CPUs, both filtered by
-    ``run_visible_devices``). The original EPL's keywords ``ps_hosts`` (extra
+    ``run_visible_devices``). Without hosts, the workers come from TF_CONFIG
+    when it is set, as in ``epl.init()`` and the original EPL (else one local
+    worker). The original EPL's keywords ``ps_hosts`` (extra
     workers), ``job_name`` ("worker" or "ps": which list ``worker_index``
     counts in) and ``layout="auto"`` are accepted; other layouts are refused,
     because EPL's plan places TaskGraphs (see ``docs/migration.md``).
@@ -201,10 +206,14 @@ class Cluster(object):
             epl.init()          # uses ``cluster``
     """
 
-    def __init__(self, worker_hosts=None, worker_index=0, devices_per_worker=None,
+    def __init__(self, worker_hosts=None, worker_index=None, devices_per_worker=None,
                  device_type=None, run_visible_devices="", ps_hosts=None, job_name=None,
-                 layout=None):
+                 layout=None, environ=None):
         _check_layout(layout)
+        if worker_hosts is None and ps_hosts is None:
+            worker_hosts, worker_index = _hosts_from_tf_config(
+                os.environ if environ is None else environ, worker_index, job_name)
+        worker_index = 0 if worker_index is None else worker_index
         self._distributed = worker_hosts is not None or ps_hosts is not None
         workers, ps = _host_list(worker_hosts, "worker_hosts"), _host_list(ps_hosts, "ps_hosts")
         self._hosts = workers + ps if self._distributed else ["localhost"]
@@ -230,11 +239,8 @@ class Cluster(object):
         """Build from TF_CONFIG (if set), visible GPUs or EPL_NUM_VIRTUAL_DEVICES."""
         environ = os.environ if environ is None else environ
         visible = config.cluster.run_visible_devices if config is not None else ""
-        hosts, index = None, 0
-        if environ.get("TF_CONFIG", "").strip():
-            hosts, index = parse_tf_config(environ["TF_CONFIG"])
         count, device_type = local_devices(visible, environ)
-        return cls(hosts, index, count, device_type, visible)
+        return cls(None, None, count, device_type, visible, environ=environ)
 
     # ---- seed attributes -------------------------------------------------
     @property
@@ -291,8 +297,18 @@ class Cluster(object):
         """This worker's first compute device (a GPU, or virtual CPU 0)."""
         return self.device(self._worker_index, 0)
 
-    def get_local_rank(self):
-        """Index of this worker among the workers on the same host (by address)."""
+    def get_local_rank(self, global_rank=None):
+        """``get_local_rank(global_rank)``: the local index, on its worker, of the
+        device of global rank ``global_rank`` (the original EPL's meaning:
+        ``global_rank % gpu_num_per_worker``). ``get_local_rank()``: this worker's
+        index among the workers on the same host (by address)."""
+        if global_rank is not None:
+            if not is_integer(global_rank) or not 0 <= global_rank < self.total_gpu_num:
+                raise ClusterError("get_local_rank(global_rank=%r): expected a device rank "
+                                   "in 0..%d (%d worker(s) x %d device(s))"
+                                   % (global_rank, self.total_gpu_num - 1, self.worker_num,
+                                      self._devices_per_worker))
+            return int(global_rank) % self._devices_per_worker
         if not self._distributed:
             return 0
         mine = _address(self._hosts[self._worker_index])
@@ -359,6 +375,21 @@ class Cluster(object):
         return ("Cluster(workers=%d, worker_index=%d, %d %s device(s) per worker%s)"
                 % (self.worker_num, self._worker_index, self._devices_per_worker,
                    self._device_type, ", hosts=%s" % self._hosts if self._distributed else ""))
+
+
+def _hosts_from_tf_config(environ, worker_index, job_name):
+    """(hosts, index) from TF_CONFIG for a Cluster made without hosts, or (None,
+    worker_index) when TF_CONFIG is unset. An explicit index or job that TF_CONFIG
+    contradicts is refused rather than silently replaced."""
+    text = environ.get("TF_CONFIG", "").strip()
+    if not text:
+        return None, worker_index
+    hosts, index = parse_tf_config(text)
+    if (worker_index is not None and worker_index != index) or job_name not in (None, "worker"):
+        raise ClusterError("Cluster(worker_index=%r, job_name=%r) without hosts: TF_CONFIG "
+                           "says this is worker %d of %s. Pass worker_hosts too, or drop "
+                           "worker_index/job_name" % (worker_index, job_name, index, hosts))
+    return hosts, index
 
 
 def _host_list(hosts, what):

@@ -28,15 +28,22 @@ def load():
 
 def _load():
     if not os.path.exists(LIBRARY_PATH):
-        LOG.debug("EPL op library not built (%s); using TensorFlow fallbacks", LIBRARY_PATH)
+        LOG.warning("EPL op library not built (%s): collectives and gradient buffers use "
+                    "TensorFlow's ops; `python -m epl.check_build` says why", LIBRARY_PATH)
         return None
     from epl.tf_adapter import tf
     try:
         return tf.load_op_library(LIBRARY_PATH)
     except Exception as err:  # a stale or ABI-mismatched build must not break EPL
+        _STATE["error"] = str(err)
         LOG.warning("EPL op library %s failed to load (%s); using TensorFlow fallbacks",
                     LIBRARY_PATH, err)
         return None
+
+
+def load_error(nccl=False):
+    """Why the op library (or the NCCL kernels) failed to load, if it did."""
+    return _STATE.get("nccl_error" if nccl else "error")
 
 
 def load_nccl():
@@ -66,6 +73,7 @@ def _load_nccl():
     try:
         return tf.load_op_library(NCCL_LIBRARY_PATH)
     except Exception as err:  # e.g. libnccl or CUDA missing at run time: keep EPL working
+        _STATE["nccl_error"] = str(err)
         LOG.warning("EPL NCCL kernels %s failed to load (%s); GPU groups use TF collectives",
                     NCCL_LIBRARY_PATH, err)
         return None

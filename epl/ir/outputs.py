@@ -38,5 +38,6 @@ def get_collection(key, graph=None):
 
 def get_all_collections(graph=None):
     """``{key: [tensors]}`` for every key of ``epl.GraphKeys.ALL_COLLECTION_KEYS``
-    (empty lists included), as the original EPL returns them."""
+    (empty lists included). The original EPL returned a list of lists in the order
+    of ``ALL_COLLECTION_KEYS``: ``[d[k] for k in GraphKeys.ALL_COLLECTION_KEYS]``."""
     return dict((k, list(v)) for k, v in Graph.get(graph).collections.items())

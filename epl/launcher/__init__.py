@@ -19,8 +19,8 @@ launcher must start instantly and run on hosts without TF.
 from epl.launcher.cli import count_gpus, main, pick_free_ports
 from epl.launcher.plan import (LaunchError, WorkerSpec, build_tf_config, check_gpu_capacity,
                                default_log_dir, device_env, exit_code_for, is_shell_script,
-                               local_workers, plan_workers, visible_gpu_ids, worker_command,
-                               worker_env)
+                               local_workers, plan_workers, task_dir, visible_gpu_ids,
+                               worker_command, worker_env)
 from epl.launcher.settings import (PROG, Settings, explicit_debug_value, is_local_host,
                                    parse_args, split_host_port)
 from epl.launcher.supervisor import DEFAULT_GRACE_PERIOD, execute, stop_workers
@@ -30,5 +30,6 @@ __all__ = [
     "build_tf_config", "check_gpu_capacity", "count_gpus", "default_log_dir", "device_env",
     "execute", "exit_code_for", "explicit_debug_value", "is_local_host", "is_shell_script",
     "local_workers", "main", "parse_args", "pick_free_ports", "plan_workers",
-    "split_host_port", "stop_workers", "visible_gpu_ids", "worker_command", "worker_env",
+    "split_host_port", "stop_workers", "task_dir", "visible_gpu_ids", "worker_command",
+    "worker_env",
 ]

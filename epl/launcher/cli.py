@@ -59,10 +59,22 @@ def _resolve_log_dir(settings):
     return settings._replace(log_dir=os.path.abspath(log_dir))
 
 
+CHECK_BUILD = ("--check-build", "--check_build")
+
+
+def check_build():
+    """`epl-launch --check-build`: run `python -m epl.check_build` with this launcher's
+    Python (the one workers get) in a child, so the launcher itself never imports TF."""
+    return subprocess.call([sys.executable, "-m", "epl.check_build"])
+
+
 def main(argv=None, detect_gpus=count_gpus):
     """Parse, plan, print a one-line summary and run. `detect_gpus` is
     injectable so tests can pretend to have GPUs (or none)."""
-    settings = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] and argv[0] in CHECK_BUILD:
+        return check_build()
+    settings = parse_args(argv)
     if not os.path.isfile(settings.script):
         sys.stderr.write("%s: error: script not found: %s\n" % (PROG, settings.script))
         return 2

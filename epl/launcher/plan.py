@@ -12,10 +12,12 @@ import sys
 from epl.launcher.settings import split_host_port
 
 WorkerSpec = collections.namedtuple(
-    "WorkerSpec", ["index", "argv", "env", "log_path", "interactive"], defaults=(False,))
+    "WorkerSpec", ["index", "argv", "env", "log_path", "interactive", "task_dir"],
+    defaults=(False, None))
 WorkerSpec.__doc__ = """Everything needed to start one worker. `interactive` (debug
 mode, worker 0) means the worker reads the launcher's stdin and its output is
-shown unprefixed as it arrives, so pdb works; it is still logged."""
+shown unprefixed as it arrives, so pdb works; it is still logged. `task_dir` is
+the worker's own directory (created before it starts)."""
 
 
 class LaunchError(Exception):
@@ -36,15 +38,26 @@ def is_shell_script(script):
     return not script.endswith(".py")
 
 
+def task_dir(log_dir, index):
+    """Worker `index`'s own directory, `<log_dir>/<index>`, as in the original EPL.
+
+    Scripts written for the original write their outputs there (model-zoo BERT:
+    `output_dir=$1`, then `train.tf_record`, `predictions.json`, checkpoints),
+    so each worker needs its own: a shared one made workers race on the same
+    files. Only worker 0 writes checkpoints, and EPL restores the other workers
+    from worker 0's (they need no checkpoint of their own)."""
+    return os.path.join(log_dir, str(index))
+
+
 def worker_command(script, script_args, python, task_dir=None):
     """argv for one worker. Always a list, never a shell string, so user
     arguments reach the script byte-for-byte without quoting issues.
 
-    A shell script gets `task_dir` (when given) as its first argument, before
-    the user's arguments: model-zoo scripts written for the original EPL read
-    `output_dir=$1`. A .py script never gets it, because an unexpected
-    positional breaks argparse scripts (a known defect of the original); it
-    reads EPL_TASK_DIR instead."""
+    A shell script gets `task_dir` (when given: the worker's own directory,
+    see :func:`task_dir`) as its first argument, before the user's arguments:
+    model-zoo scripts written for the original EPL read `output_dir=$1`. A .py
+    script never gets it, because an unexpected positional breaks argparse
+    scripts (a known defect of the original); it reads EPL_TASK_DIR instead."""
     if not is_shell_script(script):
         return [python, script] + list(script_args)
     leading = [task_dir] if task_dir is not None else []
@@ -125,14 +138,15 @@ def local_workers(settings, hosts):
 def worker_env(settings, hosts, index, slot, gpu_ids, base_env):
     """The environment of worker `index`. Inherited TF_CONFIG and device
     variables are replaced so a stale value in the user's shell cannot silently
-    change the job. EPL_TASK_DIR is the original EPL's task_dir (the job's log
-    directory), given to every worker so .py scripts need no extra argument."""
+    change the job. EPL_TASK_DIR is the original EPL's task_dir, the worker's
+    own `<log_dir>/<index>` (:func:`task_dir`), so .py scripts need no extra
+    argument; EPL_LAUNCH_LOG_DIR is the job's log directory."""
     env = dict(base_env)
     env.pop("EPL_NUM_VIRTUAL_DEVICES", None)
     env.update(device_env(slot, settings.gpu_per_worker, gpu_ids))
     env["TF_CONFIG"] = build_tf_config(hosts, index)
     env["EPL_LAUNCH_LOG_DIR"] = settings.log_dir
-    env["EPL_TASK_DIR"] = settings.log_dir
+    env["EPL_TASK_DIR"] = task_dir(settings.log_dir, index)
     env["PYTHONUNBUFFERED"] = "1"
     if settings.debug:
         env["EPL_DEBUG"] = "1"
@@ -147,14 +161,16 @@ def plan_workers(settings, hosts, gpu_ids, base_env, python=None):
         raise ValueError("settings.log_dir must be set before planning")
     if len(hosts) != settings.num_workers:
         raise ValueError("expected %d hosts, got %d" % (settings.num_workers, len(hosts)))
-    argv = worker_command(settings.script, settings.script_args, python or sys.executable,
-                          task_dir=settings.log_dir)
     placement = local_workers(settings, hosts)
     check_gpu_capacity([slot for _, slot in placement], settings.gpu_per_worker, gpu_ids)
-    return [WorkerSpec(index=index, argv=list(argv),
+    return [WorkerSpec(index=index,
+                       argv=worker_command(settings.script, settings.script_args,
+                                           python or sys.executable,
+                                           task_dir=task_dir(settings.log_dir, index)),
                        env=worker_env(settings, hosts, index, slot, gpu_ids, base_env),
                        log_path=os.path.join(settings.log_dir, "worker_%d.log" % index),
-                       interactive=settings.debug and index == 0)
+                       interactive=settings.debug and index == 0,
+                       task_dir=task_dir(settings.log_dir, index))
             for index, slot in placement]
 
 

@@ -110,9 +110,9 @@ VALUE_OPTIONS = (
     ("--machine_rank", dict(type=_non_negative_int, default=None,
                             help="launch only this worker here (needs --machine_list)")),
     ("--log_dir", dict(default=None,
-                       help="the job's task directory: worker_<i>.log go here, shell "
-                            "scripts get it as $1, every worker as EPL_TASK_DIR "
-                            "(default: experiments/...)")),
+                       help="the job's log directory: worker_<i>.log go here; worker i's "
+                            "task directory is <log_dir>/<i> (shell scripts get it as $1, "
+                            "every worker as EPL_TASK_DIR) (default: experiments/...)")),
     ("--task_label", dict(type=_task_label, default=None,
                           help="suffix for the default log directory name")),
 )
@@ -125,7 +125,9 @@ def _build_parser():
     parse_args normalises the command line first (see explicit_debug_value)."""
     parser = argparse.ArgumentParser(
         prog=PROG, allow_abbrev=False,
-        description="Start a multi-worker EPL/TensorFlow job, one process per worker.")
+        description="Start a multi-worker EPL/TensorFlow job, one process per worker.",
+        epilog="%s --check-build: report the TensorFlow, op library, collective backends "
+               "and devices this Python gives EPL (python -m epl.check_build)" % PROG)
     for flag, keywords in VALUE_OPTIONS:
         parser.add_argument(flag, **keywords)
     parser.add_argument("--debug", nargs="?", const=True, default=False, type=_boolean,

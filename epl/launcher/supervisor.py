@@ -71,6 +71,8 @@ def _start_through(spec, console, log, tail):
 def _start(spec, console):
     """Start one worker and its reader thread."""
     tail = collections.deque(maxlen=TAIL_LINES)
+    if spec.task_dir:
+        os.makedirs(spec.task_dir, exist_ok=True)  # the worker's own directory
     log = _open_log(spec.log_path)
     try:
         start = _start_through if spec.interactive else _start_prefixed

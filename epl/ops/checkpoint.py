@@ -13,20 +13,24 @@ replicas through EPL's broadcast, which a restore re-arms.
 
 When replica 0's shards live on several workers, worker 0 (the one that saves)
 reads the others' shards through references to their variables (same device,
-same shared name), and every worker restores its own shards. A worker whose
-shards worker 0 reads keeps its server up at exit until worker 0 is done, so the
-checkpoint written after the last step is complete.
+same shared name). Every worker restores its own shards from its checkpoint, if
+it has one, and worker 0's restore reaches the other workers' shards after the
+first-run broadcast (:func:`remote_restore`), so only worker 0 needs the
+checkpoint. A worker whose shards worker 0 reads keeps its server up at exit
+until worker 0 is done, so the checkpoint written after the last step is complete.
 """
+import collections
 import threading
 import weakref
 
 from epl import tf_adapter
 from epl.ops.shards import shard_bounds
+from epl.parallel.context import SYNC
 from epl.parallel.passes import LOWER, Pass
 from epl.tf_adapter import tf
 
 _SAVERS = weakref.WeakKeyDictionary()    # tf.Graph -> WeakSet of savers
-_ADAPTERS = weakref.WeakKeyDictionary()  # tf.Graph -> function(saver)
+_ADAPTERS = weakref.WeakKeyDictionary()  # tf.Graph -> [function(saver)]
 _REBUILDING = []                          # non-empty while EPL makes its own saver
 
 
@@ -39,9 +43,92 @@ def remember(saver, graph):
     if _REBUILDING:
         return
     _SAVERS.setdefault(graph, weakref.WeakSet()).add(saver)
-    adapt = _ADAPTERS.get(graph)
-    if adapt is not None:
+    for adapt in _ADAPTERS.get(graph, ()):
         adapt(saver)
+
+
+def add_saver_adapter(graph, adapt):
+    """Call ``adapt(saver)`` for every saver of ``graph``, those made so far and later
+    ones (a parallelized graph's savers must cover state the rewrite added or spread)."""
+    def in_graph(saver):
+        with graph.as_default():
+            adapt(saver)
+    _ADAPTERS.setdefault(graph, []).append(in_graph)
+    for saver in list(_SAVERS.get(graph, ())):
+        in_graph(saver)
+
+
+def rebuild(saver, var_list):
+    """Point ``saver``'s save and restore ops at ``var_list`` (variables and saveables),
+    keeping its options."""
+    _REBUILDING.append(saver)
+    try:
+        saver.saver_def = tf_adapter.rebuild_saver(saver, var_list)
+    finally:
+        _REBUILDING.pop()
+
+
+RemoteState = collections.namedtuple("RemoteState", ["name", "slice_spec", "variable"])
+RemoteState.__doc__ = """State another worker holds and worker 0 saves: its checkpoint
+``name``, its ``slice_spec`` ("" for a whole variable) and ``variable``, worker 0's
+reference to it (a variable op on the holder's device, see
+``tf_adapter.remote_variable``)."""
+
+
+def remote_restore(saver, host, remote):
+    """Let ``saver``'s restores on worker 0 also reach ``remote`` state (after sync).
+
+    A holder initializes its state in its own session, at a time worker 0 cannot
+    see, so worker 0 cannot write that state when it restores. It does so after
+    EPL's first-run broadcast, which every worker joins only after initializing
+    or restoring: the op built here reads ``remote`` from the checkpoint the
+    session restored last and assigns it (see :func:`barrier_after_sync`). So a
+    job restores when only worker 0's directory holds checkpoints (``epl-launch``
+    gives each worker its own)."""
+    if not remote:
+        return
+    with tf.device(host), tf.name_scope("EPL_REMOTE_RESTORE"):
+        path = tf.placeholder(tf.string, [], name="path")
+        values = tf.raw_ops.RestoreV2(
+            prefix=path, tensor_names=[state.name for state in remote],
+            shape_and_slices=[state.slice_spec for state in remote],
+            dtypes=[tf_adapter.variable_dtype(state.variable) for state in remote])
+    assigns = []
+    for state, value in zip(remote, values):
+        with tf.device(state.variable.device), tf.name_scope("EPL_REMOTE_RESTORE"):
+            assigns.append(tf_adapter.assign_any_shape(state.variable, value))
+    with tf.device(host):
+        saver._epl_remote_restore = (path, tf.group(*assigns, name="EPL_REMOTE_RESTORE/assign"))
+
+
+def barrier_after_sync(ctx):
+    """After each first-run broadcast: worker 0 runs the remote restore of the saver
+    the session last restored with (:func:`remote_restore`), then every worker passes
+    a barrier, so no holder starts a step before its state is restored. Call it on
+    every worker of a program whose worker 0 may restore others' state, before the
+    ``variable_sync`` pass (whose op sets up the communicators)."""
+    if getattr(ctx.program, "_epl_restore_barrier", False):
+        return
+    ctx.program._epl_restore_barrier = True
+    comm = ctx.communicator(ctx.plan.host_group, SYNC)
+    with tf.device(ctx.host), tf.name_scope("EPL_REMOTE_RESTORE"):
+        barrier = comm.all_reduce(tf.constant(1.0), ctx.host, "remote_restore_barrier",
+                                  mean=False).op
+    ctx.program.after_sync.append(_AfterSync(barrier))
+
+
+class _AfterSync(object):
+    """One step of ``program.after_sync`` (see :func:`barrier_after_sync`)."""
+
+    def __init__(self, barrier):
+        self._barrier = barrier
+
+    def __call__(self, run, restored):
+        pending = getattr(restored[0], "_epl_remote_restore", None) if restored else None
+        if pending is not None:
+            path, op = pending
+            run(op, {path: restored[1]})
+        run(self._barrier, None)
 
 
 class ShardedCheckpoints(Pass):
@@ -58,14 +145,10 @@ class ShardedCheckpoints(Pass):
     def run(self, ctx):
         _keep_shards_readable(ctx)
         saveables, problem = _saveables(ctx)
-        graph = ctx.tf_graph
-
-        def adapt(saver):
-            with graph.as_default():
-                _adapt(saver, saveables, problem)
-        _ADAPTERS[graph] = adapt
-        for saver in list(_SAVERS.get(graph, ())):
-            adapt(saver)
+        host = ctx.host
+        add_saver_adapter(ctx.tf_graph, lambda saver: _adapt(saver, saveables, problem, host))
+        if _shards_elsewhere(ctx):
+            barrier_after_sync(ctx)
 
 
 def _keep_shards_readable(ctx):
@@ -85,6 +168,13 @@ def _shard_copies(ctx):
     """{position: local copy index} of replica 0's copies on this worker."""
     return dict((copy.position, index) for index, copy in enumerate(ctx.copies)
                 if copy.replica == 0)
+
+
+def _shards_elsewhere(ctx):
+    """True on every worker when a worker other than 0 holds shards of replica 0 (which
+    worker 0 saves, and restores for it)."""
+    return any(copy.replica == 0 for worker in range(1, ctx.plan.worker_num)
+               for copy in ctx.plan.copies_of(worker))
 
 
 def _remote_copies(ctx):
@@ -162,20 +252,31 @@ class _Shard(tf_adapter.SaveableObject):
         with tf.device(var_op.device):
             value = tf_adapter.read_variable(var_op)
         self._var_op, self._restores = var_op, restores
+        self.checkpoint_name, self.slice_spec = name, spec
         # The checkpoint name (the spec's) is the unsplit variable's; the saveable's own
         # name only keys the Saver's list, so each shard needs its own.
         super(_Shard, self).__init__(var_op.outputs[0], [tf_adapter.SaveSpec(value, spec, name)],
                                      "%s/epl_shard_%d" % (name, position))
 
+    @property
+    def restores(self):
+        """False for another worker's shard: its holder restores it from its own
+        checkpoint, and worker 0 after the first-run broadcast (:func:`remote_restore`)."""
+        return self._restores
+
+    @property
+    def variable(self):
+        return self._var_op
+
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
-        if not self._restores:   # another worker's shard: that worker restores it
+        if not self._restores:
             return tf.no_op()
         with tf.device(self._var_op.device):
             return tf_adapter.assign_any_shape(self._var_op, restored_tensors[0])
 
 
-def _adapt(saver, saveables, problem):
+def _adapt(saver, saveables, problem, host):
     """Point ``saver``'s save/restore at ops over the same variables and every shard."""
     if getattr(saver, "_epl_adapted", False):
         return
@@ -187,11 +288,10 @@ def _adapt(saver, saveables, problem):
     replaced = []
     for entry in entries:
         replaced.extend(saveables.get(_op_name(entry), [entry]))
-    _REBUILDING.append(saver)
-    try:
-        saver.saver_def = tf_adapter.rebuild_saver(saver, replaced)
-    finally:
-        _REBUILDING.pop()
+    rebuild(saver, replaced)
+    remote_restore(saver, host, [
+        RemoteState(entry.checkpoint_name, entry.slice_spec, entry.variable)
+        for entry in replaced if isinstance(entry, _Shard) and not entry.restores])
 
 
 def _var_list(saver):

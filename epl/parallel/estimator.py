@@ -94,7 +94,13 @@ def _wrap_run_config_init(original, provider):
 class ChiefCheckpointWait(tf_adapter.tf.train.SessionRunHook):
     """On workers other than 0: at the end of training, wait until worker 0's
     checkpoint of the last step is in ``model_dir``, so that an ``evaluate`` or
-    ``predict`` (or the next ``train``) on this worker restores the final weights."""
+    ``predict`` (or the next ``train``) on this worker restores the final weights.
+
+    Only when ``model_dir`` is shared with worker 0: worker 0 saves a checkpoint
+    when its session starts, before the first step, so a ``model_dir`` without
+    any checkpoint at the end of training is this worker's own (``epl-launch``
+    gives each worker its own task directory, as the original EPL did), and
+    there is nothing to wait for."""
 
     def __init__(self, model_dir, timeout):
         self._model_dir = model_dir
@@ -105,8 +111,13 @@ class ChiefCheckpointWait(tf_adapter.tf.train.SessionRunHook):
         self._step = tf_adapter.tf.train.get_global_step()
 
     def end(self, session):
-        if self._step is not None:
-            wait_for_checkpoint(self._model_dir, int(session.run(self._step)), self._timeout)
+        if self._step is None:
+            return
+        if checkpoint_step(self._model_dir) < 0:
+            LOG.info("EPL: %s holds no checkpoint of worker 0 (a directory of this worker "
+                     "only); not waiting for worker 0's last checkpoint", self._model_dir)
+            return
+        wait_for_checkpoint(self._model_dir, int(session.run(self._step)), self._timeout)
 
 
 def checkpoint_step(model_dir):

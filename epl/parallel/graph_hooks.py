@@ -88,8 +88,10 @@ def _wrap_apply_gradients(original, provider):
     the APPLY phase. Works for any signature whose first argument after ``self`` is
     the (gradient, variable) pairs (tf.train and Keras optimizers, user subclasses);
     nested calls (a subclass calling ``super()``, a wrapper optimizer calling the one
-    it wraps) are recorded once, by the outermost call. An optimizer that brings its
-    own data parallelism (:func:`epl.runtime.optimizers.refusal`) is refused there."""
+    it wraps) are recorded once, by the outermost call; calls EPL makes while building
+    its own ops (ZeRO learning the other workers' slots) are not recorded. An optimizer
+    that brings its own data parallelism (:func:`epl.runtime.optimizers.refusal`) is
+    refused there."""
     signature = inspect.signature(original)
     params = list(signature.parameters.values())
     pairs_arg = params[1].name if len(params) > 1 and params[1].kind in (
@@ -98,7 +100,7 @@ def _wrap_apply_gradients(original, provider):
     @functools.wraps(original)
     def apply_gradients(self, *args, **kwargs):
         view = _view()
-        if view is None or view.phase == Phase.APPLY:
+        if view is None or view.phase in (Phase.APPLY, Phase.EPL):
             return original(self, *args, **kwargs)
         # Horovod's or parameter-server data parallelism; a second loss scale with AMP
         optimizers.check_supported(self, provider().config.amp.level)

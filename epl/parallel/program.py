@@ -35,6 +35,10 @@ class ParallelProgram(object):
         self.setup_op = None
         self.linked_init = False
         self.init_check = None  # scalar bool: are the user's variables initialized?
+        # after_sync: callables(run, restored) run once after each sync_op, in order;
+        # ``run(fetches, feed_dict)`` runs guarded, ``restored`` is (saver, path) of the
+        # session's last restore or None (ZeRO restores the owners' slots there).
+        self.after_sync = []
         self.variable_copies = {}  # user variable op name -> [variable op of each copy]
         self.schedule = None       # the pipeline Schedule imposed, if any
         self.boundaries = []       # per copy: ({action: entrance ops}, {action: exit ops})

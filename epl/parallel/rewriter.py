@@ -21,6 +21,7 @@ from epl.ops.lowering import SplitLowering
 from epl.runtime.gc_select import UnusedCheckpoints
 from epl.runtime.offload import Offload
 from epl.runtime.zero import ZeroSync
+from epl.runtime.zero_checkpoint import ZeroCheckpoints
 from epl.parallel.passes.io_slicing import IOSlicing
 from epl.parallel.passes.classify import ClassifyRoles
 from epl.parallel.passes.gradients import GradientAggregation
@@ -58,8 +59,9 @@ PASSES = (
     SharedStepDependencies(),
     ScheduleLowering(),
     MergedOutputs(),
-    VariableSync(),
     ShardedCheckpoints(),
+    ZeroCheckpoints(),
+    VariableSync(),
 )
 
 

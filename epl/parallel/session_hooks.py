@@ -28,7 +28,8 @@ from epl.ir.graph import Graph
 from epl.parallel import estimator, rewriter, step_check
 from epl.parallel.hooks import Patch
 from epl.session import roles, serving
-from epl.session.runner import ensure_synced, guarded, mark_initialized, mark_unsynced
+from epl.session.runner import (ensure_synced, guarded, mark_initialized, mark_unsynced,
+                                restoring)
 
 LOG = logging.getLogger("epl")
 _UNWRAPPED_RUN = []                      # BaseSession.run as TF defines it
@@ -65,8 +66,15 @@ def _device_filters(graph, env):
         plan = rewriter.plan_for(view, env.config, env.cluster)
         workers = plan.workers_used_by(env.cluster.worker_index)
         if roles.writes_checkpoints(env.cluster):
-            workers = sorted(set(workers) | set(_split_shard_workers(plan)))
+            workers = sorted(set(workers) | set(_split_shard_workers(plan))
+                             | set(_zero_slot_workers(view)))
     return ["/job:worker/task:%d" % w for w in workers]
+
+
+def _zero_slot_workers(view):
+    """Owners of the ZeRO slots that worker 0 saves and restores (epl.runtime.zero_checkpoint)."""
+    record = getattr(view, "zero", None)
+    return sorted(set(slot.owner for slot in record.remote_slots)) if record else []
 
 
 def _split_shard_workers(plan):
@@ -230,8 +238,9 @@ def _wrap_saver_restore(original, provider):
 
     @functools.wraps(original)
     def restore(self, sess, save_path):
-        result = original(self, sess, save_path)
-        mark_unsynced(sess)
+        with restoring(sess):
+            result = original(self, sess, save_path)
+        mark_unsynced(sess, (self, save_path))
         return result
     return restore
 

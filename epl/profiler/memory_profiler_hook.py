@@ -10,6 +10,7 @@
         while not sess.should_stop():
             sess.run(train_op)
 
+``MemoryProfilerHook()`` (the original EPL's defaults) logs steps 1 to 5.
 Steps are counted by the hook: the first ``run`` through the session is step 1.
 Steps ``save_steps, 2 * save_steps, ...`` up to ``max_steps`` run with
 ``RunOptions(trace_level=FULL_TRACE)`` (slower), and for each the hook logs one
@@ -43,6 +44,23 @@ def _positive_int(name, value, allow_none=False):
         raise ValueError("MemoryProfilerHook: %s must be a positive int%s, got %r"
                          % (name, " or None" if allow_none else "", value))
     return value
+
+
+_SAID = []
+
+
+def _matplotlib_or_say_once():
+    """True if matplotlib can draw; else log once that PNGs are left out."""
+    from epl.profiler import plot
+    try:
+        plot.require_matplotlib()
+        return True
+    except ImportError as error:
+        if not _SAID:
+            _SAID.append(True)
+            LOG.warning("MemoryProfilerHook: no PNG timelines (%s); the JSON reports are "
+                        "written", error)
+        return False
 
 
 def describe_device(step, mem):
@@ -102,17 +120,25 @@ class MemoryProfilerHook(tf.train.SessionRunHook):
     Args:
       save_steps: profile steps ``save_steps, 2 * save_steps, ...`` (1-based).
       max_steps: last step that may be profiled; None for no limit.
-      output_dir: directory for the reports (created if missing); None to only log.
+      output_dir: directory for the reports (created if missing); "" or None to
+        only log.
       visualize: also write a PNG of each device's timeline (needs matplotlib;
-        checked when the hook is created).
+        checked when the hook is created). The default, None, writes PNGs when
+        there is an ``output_dir`` and matplotlib is installed (and says once
+        when it is not); True insists (an error without either).
       dump_metadata: also write the raw RunMetadata of each profiled step.
       top_k: number of top allocating ops kept per device.
       metadata_format: ``"bin"`` (binary proto) or ``"pbtxt"`` (text proto).
 
+    The defaults are the original EPL's (``save_steps=1, max_steps=5,
+    output_dir="", visualize=True, dump_metadata=False``, visualize meaning "when
+    possible"), so ``MemoryProfilerHook()`` logs steps 1 to 5. (The original's
+    defaults failed at ``begin``: it made the directory "".)
+
     After a profiled step, ``hook.last_stats`` is ``(step, {device: DeviceMemory})``.
     """
 
-    def __init__(self, save_steps, max_steps, output_dir, visualize=False,
+    def __init__(self, save_steps=1, max_steps=5, output_dir="", visualize=None,
                  dump_metadata=False, top_k=10, metadata_format="bin"):
         self._save_steps = _positive_int("save_steps", save_steps)
         self._max_steps = _positive_int("max_steps", max_steps, allow_none=True)
@@ -121,7 +147,9 @@ class MemoryProfilerHook(tf.train.SessionRunHook):
                              % (METADATA_FORMATS, metadata_format))
         if not output_dir and (visualize or dump_metadata):
             raise ValueError("MemoryProfilerHook: visualize and dump_metadata need an output_dir")
-        if visualize:
+        if visualize is None:
+            visualize = bool(output_dir) and _matplotlib_or_say_once()
+        elif visualize:
             from epl.profiler import plot
             plot.require_matplotlib()
         self._output_dir = output_dir or None

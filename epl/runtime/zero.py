@@ -12,9 +12,9 @@ members exchange the new values.
 Where it applies: one copy per worker process (N workers x 1 device, a single
 data-parallel TaskGraph), as in the original EPL. Several devices per worker
 (copies sharing one graph), pipelines and gradient accumulation are refused
-at ``apply_gradients`` with the reason. A checkpoint is refused too, because
-each worker holds only its own optimizer states (nothing may be silently
-dropped from a checkpoint).
+at ``apply_gradients`` with the reason. Checkpoints hold every worker's slots
+(:mod:`epl.runtime.zero_checkpoint`): worker 0 learns what the others create
+while the step is built, saves them, and restores them after a restore.
 
 Build time (``wrap_apply``): the optimizer is called for the owned pairs only,
 and the returned op also waits for a barrier that the rewrite connects to the
@@ -26,15 +26,21 @@ import collections
 
 from epl import tf_adapter
 from epl.communicators.reducer import GradientReducer
+from epl.ir.phase import Phase
 from epl.parallel.context import SYNC
 from epl.parallel.passes import LOWER, Pass
+from epl.parallel.roles import VARIABLE_TYPES
+from epl.runtime.zero_checkpoint import checkpoint_refusal, describe_remote_slots  # noqa: F401
+from epl.session import roles
 from epl.tf_adapter import tf
 
 ZeroRecord = collections.namedtuple("ZeroRecord", [
-    "level", "members", "rank", "owner_of", "barrier", "local_variables"])
+    "level", "members", "rank", "owner_of", "barrier", "local_variables", "remote_slots",
+    "remote_problem"])
 ZeroRecord.__doc__ = """What ZeRO decided while the step was built: level, member count,
-this worker's rank, {variable name: owner rank}, the barrier op, and the names of
-variables that exist on this worker only (slots of owned variables)."""
+this worker's rank, {variable name: owner rank}, the barrier op, the names of
+variables that exist on this worker only (slots of owned variables), and on worker 0
+the other workers' slots (``zero_checkpoint.RemoteSlot``) or why they are unknown."""
 
 
 class ZeroError(ValueError):
@@ -107,41 +113,18 @@ def wrap_apply(call, view, config):
         bound.arguments[pairs_arg] = owned
         result = call(bound)
         slots = set(v.op.name for v in tf.global_variables()) - before
+        remote, problem = (), None
+        if roles.writes_checkpoints(cluster):
+            remote, problem = describe_remote_slots(call, bound, pairs_arg, pairs, ranks,
+                                                    view, VARIABLE_TYPES)
         with tf.device(cluster.worker_cpu()), tf.name_scope("EPL_ZERO"):
             barrier = tf.no_op(name="barrier")
             done = tf.group(result, barrier, name="apply")
         view.zero = ZeroRecord(config.zero.level, members, rank,
                                dict((v.op.name, r) for (_, v), r in zip(pairs, ranks)),
-                               barrier, frozenset(slots))
+                               barrier, frozenset(slots), remote, problem)
         return done
     return apply
-
-
-def checkpoint_refusal(view, saver):
-    """Why ``saver`` would lose state under ZeRO, or None.
-
-    Each member holds only its own variables' optimizer slots, so worker 0's
-    checkpoint (the only one written) would silently miss the others'. A saver
-    of variables that every member holds (say, the model alone) is fine."""
-    record = getattr(view, "zero", None) if view is not None else None
-    if record is None or record.members < 2:
-        return None
-    var_list = tf_adapter.saver_var_list(saver)
-    names = _saved_names(var_list)
-    if names is not None and not names & record.local_variables:
-        return None
-    return ("zero.level=%r partitions optimizer states over %d workers: worker 0's "
-            "checkpoint would miss the other workers' slots. Save without ZeRO, or "
-            "save only the model variables (tf.train.Saver(var_list=tf.trainable_variables()))"
-            % (record.level, record.members))
-
-
-def _saved_names(var_list):
-    """Op names of the variables a Saver's var_list names (None: everything)."""
-    if var_list is None:
-        return None
-    values = var_list.values() if isinstance(var_list, dict) else var_list
-    return set(getattr(v, "op", v).name for v in values if hasattr(getattr(v, "op", v), "name"))
 
 
 class ZeroSync(Pass):
@@ -170,7 +153,7 @@ class ZeroSync(Pass):
         taskgraph = ctx.taskgraph_of(var_ops[0])
         device = ctx.device(taskgraph, 0)
         contributions = [_contribution(var_op, record.owner_of[var_op.name] == record.rank,
-                                       device) for var_op in var_ops]
+                                       device, ctx.view) for var_op in var_ops]
         reducer = GradientReducer(
             [ctx.communicator(ctx.plan.taskgraphs[taskgraph].dp_group(), SYNC)],
             ctx.config.communication.max_splits, False, 1, mean=False)
@@ -184,21 +167,24 @@ class ZeroSync(Pass):
             v.op for v in summed])
 
 
-def _contribution(var_op, owned, device):
+def _contribution(var_op, owned, device, view):
     """This member's share of the sum: its updated value, or zeros."""
     with tf.device(device), tf.name_scope("EPL_ZERO"):
         if not owned:
             return tf.zeros(tf_adapter.variable_shape(var_op), tf_adapter.variable_dtype(var_op))
-        with tf.control_dependencies(_owner_update(var_op)):
+        with tf.control_dependencies(_owner_update(var_op, view)):
             return tf_adapter.read_variable(var_op) * 1
 
 
-def _owner_update(var_op):
-    """The ops that write ``var_op`` in the apply phase (the optimizer's update)."""
+def _owner_update(var_op, view):
+    """The ops that write ``var_op`` in the apply phase: the optimizer's update, be it
+    an Apply* kernel or a plain assign (BERT's AdamWeightDecay). Not the initializer
+    (forward phase) nor a saver's restore (session phase): a step must never run those."""
     found = []
     for tensor in var_op.outputs:
         for consumer in tensor.consumers():
-            if tf_adapter.writes_variable(consumer) and consumer.type not in ("Assign",
-                                                                              "AssignVariableOp"):
+            info = view.info(consumer)
+            if info is not None and info.phase == Phase.APPLY and \
+                    tf_adapter.writes_variable(consumer):
                 found.append(consumer)
     return found

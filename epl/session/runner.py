@@ -6,6 +6,7 @@
   servers are up (a missing worker is named, not waited for forever) and runs
   under the watchdog.
 """
+import contextlib
 import logging
 import threading
 import weakref
@@ -18,6 +19,8 @@ LOG = logging.getLogger("epl")
 # and set the copies too) or _NEEDS_BROADCAST; absent: unknown, broadcast when initialized
 _SYNCED = weakref.WeakKeyDictionary()
 _INITIALIZED, _NEEDS_BROADCAST = "initialized", "needs broadcast"
+_RESTORED = weakref.WeakKeyDictionary()  # session -> (saver, path) of its last restore
+_RESTORING = weakref.WeakKeyDictionary()  # session -> number of restores under way
 _SYNC_LOCKS = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 _PREFLIGHT_DONE = weakref.WeakKeyDictionary()  # program -> True once peers answered
@@ -52,8 +55,9 @@ def guarded(program, ops, run_fn):
 def ensure_synced(session, program, run):
     """Broadcast replica 0's variables once they are initialized (once per session);
     after the user's initializers set the copies too (``program.linked_init``), only
-    EPL's set-up runs."""
-    if not program.needs_sync or _SYNCED.get(session) is True:
+    EPL's set-up runs. Never from inside a restore (:func:`restoring`): the broadcast
+    follows it."""
+    if not program.needs_sync or _SYNCED.get(session) is True or _RESTORING.get(session):
         return
     with _LOCK:
         lock = _SYNC_LOCKS.setdefault(session, threading.Lock())
@@ -64,18 +68,37 @@ def ensure_synced(session, program, run):
         if state == _INITIALIZED:
             if program.setup_op is not None:
                 guarded(program, [program.setup_op], lambda: run(session, program.setup_op))
-            _SYNCED[session] = True
-            return
-        if program.init_check is not None and not run(session, program.init_check):
-            return
-        guarded(program, [program.sync_op], lambda: run(session, program.sync_op))
+        else:
+            if program.init_check is not None and not run(session, program.init_check):
+                return
+            guarded(program, [program.sync_op], lambda: run(session, program.sync_op))
+            LOG.info("EPL synchronized replica variables with worker 0's replica 0")
+        restored = _RESTORED.get(session)
+        for step in program.after_sync:
+            step(lambda fetches, feed: guarded(program, [getattr(fetches, "op", fetches)],
+                                               lambda: run(session, fetches, feed)), restored)
         _SYNCED[session] = True
-        LOG.info("EPL synchronized replica variables with worker 0's replica 0")
 
 
-def mark_unsynced(session):
-    """The user's variables changed on replica 0 only (a restore): broadcast again."""
+@contextlib.contextmanager
+def restoring(session):
+    """A saver restores ``session``'s variables inside: its runs broadcast nothing.
+
+    A restore on initialized variables would otherwise broadcast before it, and a
+    worker that does not restore (only worker 0's directory holds checkpoints)
+    would join that broadcast and not the one after it."""
+    _RESTORING[session] = _RESTORING.get(session, 0) + 1
+    try:
+        yield
+    finally:
+        _RESTORING[session] -= 1
+
+
+def mark_unsynced(session, restored=None):
+    """The user's variables changed on replica 0 only (a restore by ``restored`` =
+    (saver, path)): the next run broadcasts them again first."""
     _SYNCED[session] = _NEEDS_BROADCAST
+    _RESTORED[session] = restored
 
 
 def mark_initialized(session, program):
@@ -85,3 +108,4 @@ def mark_initialized(session, program):
         _SYNCED[session] = _INITIALIZED
     else:
         _SYNCED[session] = _NEEDS_BROADCAST
+    _RESTORED[session] = None

@@ -64,13 +64,13 @@ def linger_while_up(host, deadline):
         time.sleep(0.5)
 
 
-def linger_at_exit(host, deadline):
+def linger_at_exit(host, deadline, what="split shards"):
     """Register :func:`linger_while_up` to run when this process exits normally."""
     if host in _LINGERING:
         return
     _LINGERING.add(host)
-    LOG.info("EPL: this worker holds split shards that worker 0 saves; at exit it waits "
-             "until worker 0 (%s) has finished (at most %d s)", host, deadline)
+    LOG.info("EPL: this worker holds %s that worker 0 saves; at exit it waits "
+             "until worker 0 (%s) has finished (at most %d s)", what, host, deadline)
     atexit.register(linger_while_up, host, deadline)
 
 

@@ -202,3 +202,29 @@ def test_distribution_strategy_is_refused_on_several_workers(tmp_path):
     estimator = tf.estimator.Estimator(make_model_fn(), config=config)
     with pytest.raises(RuntimeError, match=r"MirroredStrategy\w* training step on 2 workers"):
         estimator.train(input_fn(x, y, 8, repeat=True), steps=2)
+
+
+def test_a_worker_with_its_own_model_dir_does_not_wait_for_worker_0(tmp_path, caplog):
+    """epl-launch gives each worker its own task directory, and only worker 0's holds
+    checkpoints: a model_dir without any checkpoint is that worker's own, so the end of
+    train must not wait communication.timeout (600 s by default) for worker 0's last one.
+    A shared model_dir (it holds worker 0's first checkpoint) is still waited for."""
+    import time
+    from epl.parallel.estimator import ChiefCheckpointWait
+    own, shared = str(tmp_path / "own"), str(tmp_path / "shared")
+    with tf.Graph().as_default():
+        step = tf.train.get_or_create_global_step()
+        with tf.Session() as sess:
+            sess.run(step.initializer)
+            tf.train.Saver().save(sess, os.path.join(shared, "model.ckpt"), global_step=0)
+            sess.run(step.assign(3))
+            waits = []
+            for model_dir, timeout in ((own, 60), (shared, 1)):
+                hook = ChiefCheckpointWait(model_dir, timeout)
+                hook.begin()
+                start = time.time()
+                with caplog.at_level(logging.INFO, logger="epl"):
+                    hook.end(sess)
+                waits.append(time.time() - start)
+    assert waits[0] < 5 and "holds no checkpoint of worker 0" in caplog.text
+    assert waits[1] >= 1 and "checkpoint of step 3 did not appear" in caplog.text

@@ -13,44 +13,12 @@ import tensorflow.compat.v1 as tf
 
 import epl
 from epl.cluster import Cluster
-from eplutil import copy_values, dataset_input, initial_weights, make_data, max_diff, mlp
+from eplutil import (AdamWeightDecay, adamw_step, copy_values, dataset_input, initial_weights,
+                     make_data, max_diff, mlp)
 
 STEPS = 4
 TOL = 1e-5
 TRAINED = ("d1/kernel", "d1/bias", "d2/kernel", "d2/bias")
-
-
-class AdamWeightDecay(tf.train.Optimizer):
-    """Adam with decoupled weight decay, written like BERT's AdamWeightDecayOptimizer:
-    its ``apply_gradients`` builds the m/v updates with plain assigns and never calls
-    ``tf.train.Optimizer.apply_gradients``."""
-
-    def __init__(self, learning_rate, decay=0.01, beta1=0.9, beta2=0.999, epsilon=1e-6,
-                 name="AdamWeightDecay"):
-        super(AdamWeightDecay, self).__init__(False, name)
-        self.learning_rate, self.decay = learning_rate, decay
-        self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
-
-    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-        targets = []
-        for grad, var in grads_and_vars:
-            if grad is None:
-                continue
-            base = var.op.name
-            slot = lambda suffix: tf.get_variable(
-                base + suffix, shape=var.shape, dtype=var.dtype.base_dtype, trainable=False,
-                initializer=tf.zeros_initializer())
-            m, v = slot("/adamw_m"), slot("/adamw_v")
-            new_m = self.beta1 * m + (1.0 - self.beta1) * grad
-            new_v = self.beta2 * v + (1.0 - self.beta2) * tf.square(grad)
-            step = new_m / (tf.sqrt(new_v) + self.epsilon)
-            if not base.endswith("bias"):
-                step += self.decay * var
-            targets += [(var, var - self.learning_rate * step), (m, new_m), (v, new_v)]
-        # Every new value is computed before any variable changes: ref variables are
-        # read lazily, so an early assign would otherwise leak into other gradients.
-        with tf.control_dependencies([value for _, value in targets]):
-            return tf.group(*[ref.assign(value) for ref, value in targets], name=name)
 
 
 class DefinedBeforeInit(tf.train.GradientDescentOptimizer):
@@ -59,15 +27,6 @@ class DefinedBeforeInit(tf.train.GradientDescentOptimizer):
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         grads_and_vars = [(g * 0.5, v) for g, v in grads_and_vars]
         return super(DefinedBeforeInit, self).apply_gradients(grads_and_vars, global_step, name)
-
-
-def _adamw_step(loss):
-    """BERT's create_optimizer: apply, then bump the global step outside the optimizer."""
-    step = tf.train.get_or_create_global_step()
-    tvars = tf.trainable_variables()
-    grads = tf.gradients(loss, tvars)
-    train = AdamWeightDecay(0.01).apply_gradients(zip(grads, tvars), global_step=step)
-    return tf.group(train, step.assign(step + 1))
 
 
 def _keras_step(loss):
@@ -89,7 +48,7 @@ def _before_init_step(loss):
     return DefinedBeforeInit(0.2).minimize(loss, tf.train.get_or_create_global_step())
 
 
-STEP_BUILDERS = {"adamw": _adamw_step, "keras_adam": _keras_step,
+STEP_BUILDERS = {"adamw": adamw_step, "keras_adam": _keras_step,
                  "keras_subclass": _keras_subclass_step, "defined_before_init": _before_init_step}
 
 

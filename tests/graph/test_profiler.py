@@ -1,5 +1,6 @@
 """epl.profiler: the peak from RunMetadata, the memory and flops hooks, static estimates."""
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -126,8 +127,9 @@ def test_memory_hook_writes_files_only_on_profiled_steps(tmp_path):
         x, _, loss = _matmul_graph(8, 16, 8)
         train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
         hooks = [MemoryProfilerHook(save_steps=2, max_steps=5, output_dir=bin_dir,
-                                    dump_metadata=True),
-                 MemoryProfilerHook(3, 5, text_dir, dump_metadata=True, metadata_format="pbtxt")]
+                                    dump_metadata=True, visualize=False),
+                 MemoryProfilerHook(3, 5, text_dir, False, dump_metadata=True,
+                                    metadata_format="pbtxt")]
         with _session(hooks) as sess:
             for _ in range(7):
                 sess.run(train_op, {x: np.ones((8, 16))})
@@ -177,6 +179,34 @@ def test_larger_matmul_gives_larger_peak():
     small, large = _two_device_peaks(64)[CPU1], _two_device_peaks(2048)[CPU1]
     assert large.peak_bytes > small.peak_bytes
     assert large.peak_bytes - small.peak_bytes >= 32 * (2048 - 64) * 4
+
+
+def test_memory_hook_works_with_the_original_defaults(caplog):
+    """MemoryProfilerHook() (save_steps=1, max_steps=5, output_dir="", visualize on when
+    possible) logs steps 1 to 5 and writes nothing. It was a TypeError (three required
+    arguments)."""
+    hook = MemoryProfilerHook()
+    with tf.Graph().as_default():
+        x, _, loss = _matmul_graph(8, 16, 8)
+        with caplog.at_level(logging.INFO, logger="epl.profiler"), _session([hook]) as sess:
+            for _ in range(7):
+                sess.run(loss, {x: np.ones((8, 16))})
+    steps = sorted(set(int(r.getMessage().split()[2]) for r in caplog.records
+                       if r.getMessage().startswith("memory step")))
+    assert steps == [1, 2, 3, 4, 5] and hook.last_stats[0] == 5
+
+
+def test_default_visualize_draws_when_it_can(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (visualize needs it)")
+    with tf.Graph().as_default():
+        x, _, loss = _matmul_graph(8, 16, 8)
+        with _session([MemoryProfilerHook(1, 1, str(tmp_path))]) as sess:
+            sess.run(loss, {x: np.ones((8, 16))})
+    assert (tmp_path / ("memory_step_1_%s.png" % device_tag(CPU0))).exists()
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)
+    hook = MemoryProfilerHook(1, 1, str(tmp_path / "no_png"))  # no error: JSON only
+    assert hook._visualize is False  # pylint: disable=protected-access
 
 
 def test_memory_hook_rejects_bad_arguments():

@@ -84,7 +84,7 @@ def test_all_workers_succeed(tmp_path, capsys, monkeypatch):
         log = (logs / ("worker_%d.log" % i)).read_text()
         assert log.startswith("hello from %d devices 2\n" % i)  # raw, no prefix
         assert "unbuffered 1 debug None" in log
-        assert "task dir %s\n" % logs in log
+        assert "task dir %s\n" % (logs / str(i)) in log
 
 
 @pytest.mark.timeout(60)
@@ -205,20 +205,26 @@ def test_signal_to_launcher_stops_every_worker(tmp_path, signum, expected):
 
 @pytest.mark.timeout(60)
 def test_shell_script_gets_the_task_dir_first(tmp_path, capsys, monkeypatch):
+    """Each worker gets its own <log_dir>/<i> (created) as $1, as under the original: a
+    model-zoo script that writes output_dir=$1/train.tf_record writes one file each."""
     script = _script(tmp_path, """\
         echo "bash=${BASH_VERSION:+yes} args=$1|$2|$3 devices=$EPL_NUM_VIRTUAL_DEVICES"
         [[ "$1" == "$EPL_TASK_DIR" ]] && echo "task dir in \\$1 and EPL_TASK_DIR"
         [[ "$TF_CONFIG" == *'"index": 1'* ]] && echo "I am one"
+        [[ -e "$1/train.tf_record" ]] && echo "already written"
+        echo "$TF_CONFIG" > "$1/train.tf_record"
         exit 0
     """, name="run.sh")
     code, out = _run_main(tmp_path, ["--num_workers", "2", "--gpu_per_worker", "4", script,
                                      "x y", "$HOME"], capsys, monkeypatch)
     assert code == 0, out.err
-    task_dir = tmp_path / "logs"
     for i in range(2):
+        task_dir = tmp_path / "logs" / str(i)
         assert "[worker %d] bash=yes args=%s|x y|$HOME devices=4\n" % (i, task_dir) in out.out
         assert "[worker %d] task dir in $1 and EPL_TASK_DIR\n" % i in out.out
+        assert '"index": %d' % i in (task_dir / "train.tf_record").read_text()
     assert "[worker 1] I am one" in out.out and "[worker 0] I am one" not in out.out
+    assert "already written" not in out.out
 
 
 @pytest.mark.timeout(60)
@@ -233,7 +239,7 @@ def test_relative_log_dir_becomes_an_absolute_task_dir(tmp_path, capsys, monkeyp
                           script], detect_gpus=lambda: 0)
     out = capsys.readouterr()
     assert code == 0, out.err
-    assert "[worker 0] task True %s\n" % (tmp_path / "rel") in out.out
+    assert "[worker 0] task True %s\n" % (tmp_path / "rel" / "0") in out.out
 
 
 # Worker 0 leaves a partial line open (as a pdb prompt does) until worker 1's
@@ -248,7 +254,7 @@ DEBUG_WORKER = """
         sys.exit(0)
     sys.stdout.write("zero-start|")
     sys.stdout.flush()
-    log1 = os.path.join(os.environ["EPL_TASK_DIR"], "worker_1.log")
+    log1 = os.path.join(os.environ["EPL_LAUNCH_LOG_DIR"], "worker_1.log")
     while "one-line" not in (open(log1).read() if os.path.exists(log1) else ""):
         time.sleep(0.01)
     print("zero-end", "tty" if os.isatty(1) else "pipe", os.environ.get("EPL_DEBUG"))

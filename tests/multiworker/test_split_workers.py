@@ -50,9 +50,12 @@ def test_split_spanning_workers_matches_unsplit(workers, devices, classes):
     assert worst < 2e-5
 
 
-def test_checkpoint_of_a_replica_spanning_workers_holds_every_shard(tmp_path):
+@pytest.mark.parametrize("restorers", ["every worker", "worker 0 only"])
+def test_checkpoint_of_a_replica_spanning_workers_holds_every_shard(tmp_path, restorers):
     """2 workers x 2 devices, split(4): worker 0 saves all four shards (two of them
-    read from worker 1's devices); every worker restores its own shards."""
+    read from worker 1's devices). Every worker restores its own shards; when only
+    worker 0 restores (only its task directory holds checkpoints, as under
+    epl-launch), its restore reaches worker 1's shards after the first-run broadcast."""
     workers, devices, classes, per_worker = 2, 2, 10, 4
     x, y = _data(workers * per_worker * STEPS, classes)
     path = str(tmp_path / "split")
@@ -66,10 +69,10 @@ def test_checkpoint_of_a_replica_spanning_workers_holds_every_shard(tmp_path):
         saver = tf.train.Saver(sharded=True)
         with tf.Session() as sess:
             sess.run(tf.global_variables_initializer())
-            if restore:
-                saver.restore(sess, path)
-            else:
+            if not restore:
                 sess.run(train)
+            elif index == 0 or restorers == "every worker":
+                saver.restore(sess, path)
             values = copy_values(sess, "classifier/kernel"), copy_values(
                 sess, "classifier/kernel/Momentum")
             if index == 0 and not restore:

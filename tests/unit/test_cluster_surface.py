@@ -49,6 +49,42 @@ def test_attributes_of_the_original():
     assert Cluster(devices_per_worker=1).get_local_rank() == 0
 
 
+def test_cluster_errors_are_also_runtime_errors():
+    """The original raised RuntimeError for cluster problems; code catching it works."""
+    with pytest.raises(RuntimeError, match="worker_index 5 is out of range"):
+        Cluster(HOSTS, 5, 1)
+    assert issubclass(ClusterError, ValueError) and issubclass(ClusterError, RuntimeError)
+
+
+def test_get_local_rank_of_a_global_rank_as_the_original():
+    """get_local_rank(global_rank) is the device's index on its worker; it was a
+    TypeError (EPL's took no argument)."""
+    cluster = Cluster(HOSTS, 1, 4)
+    assert [cluster.get_local_rank(r) for r in range(12)] == [0, 1, 2, 3] * 3
+    assert cluster.get_local_rank() == 1   # this worker's index among those on its host
+    for bad in (12, -1, "3", 1.5):
+        with pytest.raises(ClusterError, match="expected a device rank in 0..11"):
+            cluster.get_local_rank(bad)
+
+
+TF_CONFIG = ('{"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"]}, '
+             '"task": {"type": "worker", "index": 1}}')
+
+
+def test_a_bare_cluster_reads_tf_config_as_epl_init_does(monkeypatch):
+    """Cluster() used to be one local worker whatever TF_CONFIG said."""
+    monkeypatch.setenv("TF_CONFIG", TF_CONFIG)
+    cluster = Cluster(devices_per_worker=2)
+    assert cluster.hosts == ["c:1", "w:1", "w:2"] and cluster.worker_index == 2
+    assert cluster.distributed and Cluster.from_environment(None).hosts == cluster.hosts
+    assert Cluster(devices_per_worker=1, worker_index=2).worker_index == 2
+    with pytest.raises(ClusterError, match="TF_CONFIG says this is worker 2"):
+        Cluster(devices_per_worker=1, worker_index=0)
+    assert Cluster(["x:1"], devices_per_worker=1).hosts == ["x:1"]   # explicit hosts win
+    monkeypatch.delenv("TF_CONFIG")
+    assert Cluster(devices_per_worker=1).hosts == ["localhost"]
+
+
 @pytest.fixture
 def no_gpu(monkeypatch):
     monkeypatch.setattr(cluster_module, "_physical_gpu_count", lambda: 0)

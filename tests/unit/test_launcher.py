@@ -12,7 +12,7 @@ import pytest
 
 from epl import launcher
 from epl.launcher import (LaunchError, build_tf_config, default_log_dir, device_env,
-                          exit_code_for, parse_args, plan_workers, visible_gpu_ids,
+                          exit_code_for, parse_args, plan_workers, task_dir, visible_gpu_ids,
                           worker_command)
 
 BASE = ["--num_workers", "2", "--gpu_per_worker", "1"]
@@ -261,7 +261,7 @@ def test_plan_local_virtual_cpu():
         assert json.loads(spec.env["TF_CONFIG"])["task"]["index"] == i
         assert spec.env["EPL_NUM_VIRTUAL_DEVICES"] == "1"
         assert spec.env["EPL_LAUNCH_LOG_DIR"] == "logs"
-        assert spec.env["EPL_TASK_DIR"] == "logs"
+        assert spec.env["EPL_TASK_DIR"] == spec.task_dir == os.path.join("logs", str(i))
         assert spec.env["PYTHONUNBUFFERED"] == "1" and spec.env["PATH"] == "/bin"
         assert "EPL_DEBUG" not in spec.env and "CUDA_VISIBLE_DEVICES" not in spec.env
         assert spec.log_path == os.path.join("logs", "worker_%d.log" % i)
@@ -275,8 +275,20 @@ def test_plan_local_gpus_with_simulated_eight_gpus():
     specs = plan_workers(settings, hosts, visible_gpu_ids(8, None), ENV, python=PY)
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0,1", "2,3", "4,5", "6,7"]
     assert all("EPL_NUM_VIRTUAL_DEVICES" not in s.env for s in specs)
-    assert specs[0].argv == ["bash", "t.sh", "logs"]
-    assert all(s.env["EPL_TASK_DIR"] == "logs" for s in specs)
+    assert specs[0].argv == ["bash", "t.sh", os.path.join("logs", "0")]
+
+
+def test_every_worker_gets_its_own_task_dir_as_the_original_did():
+    """The original passed <log_dir>/<i> as $1; one shared directory made two workers
+    of a model-zoo BERT script race on the same train.tf_record and predictions.json."""
+    settings = _settings(["--num_workers", "3", "--gpu_per_worker", "1", "run.sh", "x"])
+    hosts = ["127.0.0.1:%d" % p for p in range(2000, 2003)]
+    specs = plan_workers(settings, hosts, [], ENV, python=PY)
+    dirs = [os.path.join("logs", str(i)) for i in range(3)]
+    assert [s.argv for s in specs] == [["bash", "run.sh", d, "x"] for d in dirs]
+    assert [s.env["EPL_TASK_DIR"] for s in specs] == [s.task_dir for s in specs] == dirs
+    assert all(s.env["EPL_LAUNCH_LOG_DIR"] == "logs" for s in specs)
+    assert task_dir("/jobs/a", 7) == "/jobs/a/7"
 
 
 def test_plan_too_few_gpus_names_the_numbers():

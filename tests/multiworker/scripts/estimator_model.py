@@ -32,11 +32,11 @@ class _NullScope(object):
         return False
 
 
-def make_model_fn(stages=False, optimizer_in_every_mode=False, tpu=False):
+def make_model_fn(stages=False, optimizer_in_every_mode=False, tpu=False, step_fn=None):
     """A model_fn for the MLP. ``stages``: each layer in its own ``epl.replicate``
     scope (pipeline stages). ``optimizer_in_every_mode``: build the training step
     even for evaluation and prediction (some user code does). ``tpu``: return a
-    TPUEstimatorSpec."""
+    TPUEstimatorSpec. ``step_fn(loss)``: the training op (default: Momentum)."""
     scope = (lambda i: epl.replicate(1, name="stage_%d" % i)) if stages else _no_scope
 
     def model_fn(features, labels, mode, params=None):
@@ -54,8 +54,9 @@ def make_model_fn(stages=False, optimizer_in_every_mode=False, tpu=False):
                 loss = tf.losses.sparse_softmax_cross_entropy(labels, logits)
         train_op = None
         if mode == tf.estimator.ModeKeys.TRAIN or (optimizer_in_every_mode and loss is not None):
-            train_op = tf.train.MomentumOptimizer(0.1, 0.9).minimize(
-                loss, global_step=tf.train.get_or_create_global_step())
+            train_op = step_fn(loss) if step_fn is not None else \
+                tf.train.MomentumOptimizer(0.1, 0.9).minimize(
+                    loss, global_step=tf.train.get_or_create_global_step())
         spec = tf.estimator.tpu.TPUEstimatorSpec if tpu else tf.estimator.EstimatorSpec
         if mode == tf.estimator.ModeKeys.PREDICT:
             return spec(mode, predictions={"classes": classes, "logits": logits})

@@ -1,0 +1,126 @@
+"""An install builds the op library against the TensorFlow it is installed next to.
+
+``pip install`` of the sdist into a fresh virtual environment (which sees this
+checkout's TensorFlow through a .pth file) runs setup.py's ``build_ext``, which
+runs tools/build_ops.sh with that environment's TensorFlow flags. The compiler is
+a stand-in that checks those flags and copies the library ``make setup`` built
+with the same script: a real compile costs 30 s of CPU per install, and the
+compile itself is what ``make setup`` does on every fresh checkout. Then
+``python -m epl.check_build`` in the new environment must find the library loaded,
+or say why it was not built.
+"""
+import glob
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import tensorflow as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILT = os.path.join(ROOT, "epl", "lib", "libepl_ops.so")
+SITE = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(
+    os.path.join(p, "tensorflow_core"))][0]
+
+FAKE_CXX = """#!/bin/bash
+# Stand-in C++ compiler: record the command, check TF's flags, copy the real library.
+echo "$@" >> "{log}"
+out=""; prev=""
+for arg in "$@"; do [ "$prev" = "-o" ] && out="$arg"; prev="$arg"; done
+cp "{lib}" "$out"
+"""
+
+
+def _run(argv, env=None, timeout=240, cwd=None):
+    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                          universal_newlines=True, timeout=timeout, cwd=cwd)
+    assert done.returncode == 0, "%s failed:\n%s" % (argv, done.stdout[-3000:])
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("sdist"))
+    _run([sys.executable, "setup.py", "-q", "sdist", "-d", out], cwd=ROOT)
+    return glob.glob(os.path.join(out, "pyepl-*.tar.gz"))[0]
+
+
+def _venv(path):
+    """A virtual environment without pip of its own that sees this one's packages
+    (TensorFlow, pip, setuptools) through a .pth file, after its own site-packages."""
+    base = os.path.join(sys.base_prefix, "bin", "python3")
+    _run([base, "-m", "venv", "--without-pip", str(path)])
+    site = glob.glob(os.path.join(str(path), "lib", "python3*", "site-packages"))[0]
+    with open(os.path.join(site, "zz_outer.pth"), "w") as pth:
+        pth.write(SITE + "\n")
+    return os.path.join(str(path), "bin", "python"), site
+
+
+def _clean_env(**extra):
+    env = dict((k, v) for k, v in os.environ.items() if not k.startswith("EPL_"))
+    env.update(extra, TF_CPP_MIN_LOG_LEVEL="2")
+    return env
+
+
+@pytest.mark.timeout(600)
+def test_installing_the_sdist_builds_the_op_library_for_this_tensorflow(tmp_path, sdist):
+    """Before: the wheel held no library, and EPL ran on TF's collectives without a word."""
+    assert os.path.exists(BUILT), "make setup builds epl/lib/libepl_ops.so"
+    python, site = _venv(tmp_path / "venv")
+    log = tmp_path / "cxx.log"
+    cxx = tmp_path / "fake-cxx"
+    cxx.write_text(FAKE_CXX.format(log=log, lib=BUILT))
+    cxx.chmod(0o755)
+    _run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+          "--no-build-isolation", sdist], env=_clean_env(CXX=str(cxx)))
+    command = log.read_text()
+    for flag in ["-std=c++14", "-D_GLIBCXX_USE_CXX11_ABI=0", "-I" + tf.sysconfig.get_include(),
+                 "libtensorflow_framework", "-DEIGEN_MAX_ALIGN_BYTES=64", "ring_ops.cc"]:
+        assert flag in command
+    installed = os.path.join(site, "epl", "lib", "libepl_ops.so")
+    assert os.path.exists(installed)
+    report = _run([python, "-m", "epl.check_build"], env=_clean_env(), timeout=120,
+                  cwd=str(tmp_path))   # not this checkout's epl
+    assert "EPL 0.1.0 (%s" % os.path.join(site, "epl") in report
+    assert "Op library:   [X] loaded (%s)" % installed in report, report
+    assert "[X] epl_ring" in report and "TensorFlow 1.15" in report
+
+
+@pytest.mark.timeout(600)
+def test_an_install_without_a_compiler_says_why_there_is_no_library(tmp_path, sdist):
+    python, site = _venv(tmp_path / "venv")
+    _run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+          "--no-build-isolation", sdist], env=_clean_env(CXX="/nonexistent/g++"))
+    assert not os.path.exists(os.path.join(site, "epl", "lib", "libepl_ops.so"))
+    report = _run([python, "-m", "epl.check_build"], env=_clean_env(), timeout=120,
+                  cwd=str(tmp_path))
+    assert "Op library:   [ ] not built" in report and "/nonexistent/g++ not found" in report
+    assert "[ ] epl_ring" in report and "[X] tf" in report
+
+
+def _setup_module():
+    spec = importlib.util.spec_from_file_location("epl_setup", os.path.join(ROOT, "setup.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_build_reads_the_flags_of_the_target_environment_under_build_isolation(tmp_path):
+    """pip builds in an environment that hides the user's packages (PYTHONNOUSERSITE and a
+    sitecustomize on PYTHONPATH); build_ops asks a fresh interpreter without them."""
+    hider = tmp_path / "isolation"
+    hider.mkdir()
+    (hider / "sitecustomize.py").write_text(textwrap.dedent("""
+        import sys
+        sys.path[:] = [p for p in sys.path if not p.endswith("site-packages")]
+    """))
+    isolated = _clean_env(PYTHONPATH=str(hider), PYTHONNOUSERSITE="1", CXX="/nonexistent/g++")
+    hidden = subprocess.run(["bash", os.path.join(ROOT, "tools", "build_ops.sh"),
+                             sys.executable, str(tmp_path / "plain")], env=isolated,
+                            stdout=subprocess.PIPE, universal_newlines=True).stdout
+    assert "TensorFlow not importable" in hidden   # what a naive build sees
+    report = _setup_module().build_ops(str(tmp_path / "out"), sys.executable, isolated)
+    assert "/nonexistent/g++ not found" in report   # got past TensorFlow's flags
+    assert "/nonexistent/g++ not found" in (tmp_path / "out" / "build_status.txt").read_text()
