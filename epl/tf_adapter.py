@@ -507,6 +507,39 @@ def call_function(function, inputs, name):
 _DISABLED_REWRITES = _function_utils.get_disabled_rewriter_config()
 
 
+from tensorflow.python.framework import function_def_to_graph as _fdef_to_graph  # noqa: E402
+
+CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
+
+
+def called_function_body(call_op):
+    """The body of the function ``call_op`` calls, as a graph whose inputs are
+    placeholders shaped like the call's inputs (nested calls find their functions:
+    the caller's library is copied along)."""
+    graph = call_op.graph
+    name = call_op.get_attr("f").name
+    fdef = graph._get_function(name).definition  # pylint: disable=protected-access
+    with graph.as_default():
+        return _fdef_to_graph.function_def_to_graph(fdef, [t.shape for t in call_op.inputs])
+
+
+def called_node_names(call_op):
+    """Names of the nodes inside the function ``call_op`` calls and the functions it
+    calls in turn: a traced step reports them under these names, not the call's."""
+    names, pending, seen = set(), [call_op.get_attr("f").name], set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        function = call_op.graph._get_function(name)  # pylint: disable=protected-access
+        for node in function.definition.node_def:
+            names.add(node.name)
+            if node.op in CALL_OPS:
+                pending.append(node.attr["f"].func.name)
+    return names
+
+
 def replace_control_input(op, old, new):
     """Make ``op`` wait for ``new`` instead of ``old``."""
     kept = [c for c in op.control_inputs if c is not old]

@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from epl import tf_adapter
 from epl.profiler import shapes as shape_lib
 from epl.profiler.profiler import graph_flops, repeated
 from epl.profiler.run_metadata import (execution_counts, executed_nodes, fed_shapes,
@@ -94,6 +95,16 @@ def run_time_tensor_shapes(run_metadata, graph=None):
 
 def _was_traced(run_metadata):
     return run_metadata is not None and len(run_metadata.step_stats.dev_stats) > 0
+
+
+def _names_inside_calls(graph, executed):
+    """Node names inside the functions that the executed call ops of ``graph`` ran."""
+    names = set()
+    for name in executed:
+        op = graph.get_operation_by_name(name)
+        if op.type in tf_adapter.CALL_OPS:
+            names |= tf_adapter.called_node_names(op)
+    return names
 
 
 def fetch_key(graph, fetches):
@@ -174,11 +185,14 @@ class FlopsProfilerHook(tf.train.SessionRunHook):
         The ops counted are those the fetches need plus every op that ran in
         the traced step (and their inputs): that adds what the session runs
         besides the fetches (EPL runs every replica in every step) and the ops
-        grappler fused or renamed.
+        grappler fused or renamed. A trace names the ops inside a called function
+        (EPL's stage functions) by their names in the body, which are the names of
+        the graph ops the function replaced: those count inside their calls only.
         """
         graph = self._graph
         names = set(op.name for op in graph.get_operations())
-        scope = [args.fetches, sorted(executed_nodes(metadata) & names)]
+        executed = executed_nodes(metadata) & names
+        scope = [args.fetches, sorted(executed - _names_inside_calls(graph, executed))]
         feeds = feed_shapes(graph, args.feed_dict)
         shapes = feeds
         result = graph_flops(graph, self._batch_size, scope, source_shapes=feeds,

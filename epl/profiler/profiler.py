@@ -23,6 +23,7 @@ import collections
 import logging
 
 from epl.profiler import shapes as shape_lib
+from epl import tf_adapter
 from epl.profiler.units import format_bytes, format_flops
 from epl.tf_adapter import tf
 
@@ -42,10 +43,12 @@ class ProfileResult(dict):
       batch_size: the batch size used to fill unknown first dimensions, or None.
       persistent: bytes of the graph's variables (memory results; 0 for flops).
       source: ``"static"`` or ``"run_metadata"`` (shapes seen in a traced step).
+      places: ``{name: (device, op type)}`` of the ops counted inside called
+        functions (named ``<call op>/<inner op>``).
     """
 
     def __init__(self, values, unit, per_device, per_op_type, unknown=(), batch_size=None,
-                 persistent=0, source="static"):
+                 persistent=0, source="static", places=None):
         super(ProfileResult, self).__init__(values)
         self.unit = unit
         self.total = sum(values.values())
@@ -55,6 +58,7 @@ class ProfileResult(dict):
         self.batch_size = batch_size
         self.persistent = persistent
         self.source = source
+        self.places = dict(places or {})  # name -> (device, type) of ops inside functions
 
     def summary(self):
         """The totals without the per-name values (JSON-ready)."""
@@ -93,15 +97,27 @@ def _batch(graph, batch_size):
     return batch_size if batch_size is not None else shape_lib.infer_batch_size(graph)
 
 
-def _group(values, op_of):
-    """Totals of ``values`` per device and per op type; ``op_of(name)`` gives the op."""
+def _group(values, place):
+    """Totals of ``values`` per device and per op type; ``place(name)`` gives
+    (device, op type)."""
     per_device = collections.Counter()
     per_type = collections.Counter()
     for name, value in values.items():
-        op = op_of(name)
-        per_device[op.device] += value
-        per_type[op.type] += value
+        device, op_type = place(name)
+        per_device[device] += value
+        per_type[op_type] += value
     return per_device, per_type
+
+
+def _op_place(graph, places=None):
+    """``place(name)`` for :func:`_group`: from ``places`` (ops inside called
+    functions), else the op of ``graph``."""
+    def place(name):
+        if places and name in places:
+            return places[name]
+        op = graph.get_operation_by_name(name)
+        return op.device, op.type
+    return place
 
 
 def _variable_bytes(op):
@@ -148,7 +164,8 @@ def profile_memory(graph=None, batch_size=None, fetches=None):
                 unknown.append(tensor.name)
             else:
                 values[tensor.name] = count * size
-    per_device, per_type = _group(values, lambda name: copy.get_tensor_by_name(name).op)
+    per_device, per_type = _group(
+        values, lambda name: _op_place(copy)(copy.get_tensor_by_name(name).op.name))
     return ProfileResult(values, "bytes", per_device, per_type, unknown, batch, persistent)
 
 
@@ -194,6 +211,29 @@ def _float_ops_per_op(graph):
     return flops
 
 
+def _called_flops(graph, names=None):
+    """Float ops of the ops inside the functions ``graph``'s call ops run (EPL's stage
+    functions, nested calls included), named ``<call>/<inner op>``: ``{name: value}``,
+    ``{name: (device, type)}`` (an inner op without a device runs on its call's) and
+    the inner names whose shapes stayed unknown. ``names`` restricts the calls."""
+    values, places, unknown = {}, {}, []
+    for call in graph.get_operations():
+        if call.type not in tf_adapter.CALL_OPS or (names is not None and call.name not in names):
+            continue
+        body = tf_adapter.called_function_body(call)
+        inner_values, inner_places, inner_unknown = _called_flops(body)
+        for name, value in _float_ops_per_op(body).items():
+            op = body.get_operation_by_name(name)
+            inner_values[name], inner_places[name] = value, (op.device, op.type)
+        inner_unknown += shape_lib.incomplete_ops(body)
+        for name, value in inner_values.items():
+            device, op_type = inner_places[name]
+            values[call.name + "/" + name] = value
+            places[call.name + "/" + name] = (device or call.device, op_type)
+        unknown += [call.name + "/" + name for name in inner_unknown]
+    return values, places, unknown
+
+
 def graph_flops(graph=None, batch_size=None, fetches=None, source_shapes=None,
                 tensor_shapes=None, source="static"):
     """Float operations per op of ``graph``; the engine of ``profile_flops`` and the hook.
@@ -212,9 +252,12 @@ def graph_flops(graph=None, batch_size=None, fetches=None, source_shapes=None,
     for name, value in flops.items():
         if scope is None or name in scope:
             values[name] = value
-    per_device, per_type = _group(values, copy.get_operation_by_name)
-    unknown = shape_lib.incomplete_ops(copy, scope)
-    return ProfileResult(values, "flops", per_device, per_type, unknown, batch, source=source)
+    called, places, called_unknown = _called_flops(copy, scope)
+    values.update(called)
+    per_device, per_type = _group(values, _op_place(copy, places))
+    unknown = shape_lib.incomplete_ops(copy, scope) + called_unknown
+    return ProfileResult(values, "flops", per_device, per_type, unknown, batch, source=source,
+                         places=places)
 
 
 def repeated(result, repeats, graph):
@@ -227,9 +270,9 @@ def repeated(result, repeats, graph):
     values = dict((name, value * max(1, repeats.get(name, 1))) for name, value in result.items())
     if values == dict(result):
         return result
-    per_device, per_type = _group(values, graph.get_operation_by_name)
+    per_device, per_type = _group(values, _op_place(graph, result.places))
     return ProfileResult(values, result.unit, per_device, per_type, result.unknown,
-                         result.batch_size, result.persistent, result.source)
+                         result.batch_size, result.persistent, result.source, result.places)
 
 
 def profile_flops(graph=None, batch_size=None, fetches=None):
