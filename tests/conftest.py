@@ -20,14 +20,36 @@ def _epl_clean_state(monkeypatch):
         sys.modules["epl.env"].reset()
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Print the largest weight difference each equivalence test measured."""
+_EQUIVALENCE = []   # (test, max difference) from every test report, xdist workers' too
+_TAKEN = [0]        # how many of this process's eplutil.MEASURED entries were reported
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Attach the equivalence differences a test measured to its teardown report, so
+    that they reach the summary from whichever process ran the test (pytest-xdist)."""
+    outcome = yield
     import sys
     eplutil = sys.modules.get("eplutil")
-    if eplutil is None or not eplutil.MEASURED:
+    if call.when != "teardown" or eplutil is None:
+        return
+    new = eplutil.MEASURED[_TAKEN[0]:]
+    _TAKEN[0] = len(eplutil.MEASURED)
+    outcome.get_result().user_properties.extend(("equivalence", list(m)) for m in new)
+
+
+def pytest_runtest_logreport(report):
+    for name, value in report.user_properties:
+        if name == "equivalence":
+            _EQUIVALENCE.append(tuple(value))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the largest weight difference each equivalence test measured."""
+    if not _EQUIVALENCE:
         return
     worst = {}
-    for test, value in eplutil.MEASURED:
+    for test, value in _EQUIVALENCE:
         worst[test] = max(value, worst.get(test, 0.0))
     terminalreporter.section("equivalence: max |weight - serial weight| per test")
     for test in sorted(worst):

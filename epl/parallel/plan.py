@@ -222,11 +222,20 @@ def make_plan(config, cluster, specs, unrolled_because=None):
     if plan.pipeline:
         plan = plan._replace(schedule=_schedule.get_schedule(
             plan.strategy, len(plan.stages), plan.num_micro_batch))
+    if unrolled_because is None:
+        unrolled_because = split_reason(specs)
     if plan.pipeline or _local_replicas(plan):
         plan = plan._replace(micro_batching=(UNROLLED, unrolled_because) if unrolled_because
                              else (STAGE_FUNCTIONS, None))
     _warn_about(plan)
     return plan
+
+
+def split_reason(specs):
+    """Why split TaskGraphs keep one copy of the step per micro-batch and replica
+    (None without them): their collectives are built per copy."""
+    split = [spec.name for spec in specs if spec.kind == _mesh.SPLIT]
+    return "epl.split builds collectives per copy (%s)" % ", ".join(split) if split else None
 
 
 def _local_replicas(plan):

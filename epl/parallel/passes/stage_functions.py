@@ -23,14 +23,13 @@ import logging
 
 from epl import tf_adapter
 from epl.ir.phase import Phase
-from epl.ir.taskgraph import SPLIT
 from epl.ir.traverse import CONTROL_FLOW_TYPES, ancestor_ops
 from epl.parallel.function_body import FunctionBody
 from epl.parallel.passes import REPLICATE, Pass
 from epl.parallel.passes.gradients import training_items
 from epl.parallel.passes.micro_batches import constant_expressions, micro_batch_candidates
 from epl.parallel.passes.stage_calls import StageCalls, build_calls
-from epl.parallel.plan import STAGE_FUNCTIONS
+from epl.parallel.plan import STAGE_FUNCTIONS, split_reason
 from epl.parallel.roles import GET_NEXT_TYPES, PLACEHOLDER_TYPES, step_roots
 from epl.parallel.stage_partition import BACKWARD, FORWARD, partition
 from epl.tf_adapter import tf
@@ -48,9 +47,9 @@ def unrolled_reason(view):
     or loop state, which a function cannot return; collectives built per copy
     (split layers) must be rebuilt per micro-batch. Such graphs keep one copy of
     the stage per micro-batch."""
-    split = [tg.name for tg in view.taskgraphs if tg.kind == SPLIT]
+    split = split_reason(view.taskgraphs)
     if split:
-        return "epl.split builds collectives per copy (%s)" % ", ".join(split)
+        return split
     for op in ancestor_ops(step_roots(view)):
         info = view.info(op)
         if info is None or info.phase not in _KINDS:
