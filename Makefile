@@ -5,6 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.epl-setup-stamp
 PYTEST_ARGS ?=
+# Test processes: most tests build graphs in Python on one core, so two processes use a
+# 2-core machine fully (tests are stolen one at a time by an idle process; each test is
+# isolated: fresh graph, EPL state reset, its own ports and directories).
+TEST_WORKERS ?= 2
 
 WHEELS := .cache/wheels
 HOROVOD_VERSION := 0.28.1
@@ -39,7 +43,7 @@ unit: setup
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 test: setup lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The NCCL kernels (csrc/nccl) compiled, linked and loaded without a GPU, against CUDA and NCCL
 # from NVIDIA's wheels (installed once under .cache/cuda); see docs/gpu.md.
