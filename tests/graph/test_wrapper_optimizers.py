@@ -281,3 +281,18 @@ def test_loss_scale_optimizer_with_epl_amp_is_refused(name):
                        match=r"while amp.level='O1': EPL's AMP scales the loss .* pass the "
                              r"optimizer it wraps \(AdamOptimizer\)"):
         _train_op(TRAINED[name], loss)
+
+
+@pytest.mark.parametrize("name", ["ElasticAverageOptimizer", "ModelAverageOptimizer",
+                                  "AGNOptimizer"])
+def test_contrib_parameter_server_optimizers_are_refused(name):
+    """tf.contrib's model- and gradient-averaging optimizers (their constructors need
+    parameter-server custom getters, so the instance is made without one) are refused
+    by class, naming it and the optimizer to pass instead."""
+    cls = getattr(contrib.opt, name)
+    optimizer = cls.__new__(cls)
+    optimizer._opt = _adam()  # pylint: disable=protected-access
+    message = optimizers.refusal(optimizer)
+    assert message is not None and name in message and "parameter-server" in message, message
+    with pytest.raises(optimizers.UnsupportedOptimizerError):
+        optimizers.check_supported(ConditionalLike(optimizer))
