@@ -16,7 +16,7 @@ import tensorflow.compat.v1 as tf
 
 import epl
 from epl.cluster import Cluster
-from eplutil import copy_values, epl_paused, run_workers, worker_rows
+from eplutil import all_copy_values, epl_paused, run_workers, worker_rows
 from realmodels import MOVING_STATS, no_stage
 
 STEPS = 3
@@ -63,7 +63,7 @@ def serial_reference(model, arrays, slices, steps=STEPS, stats="all"):
 def _copies(sess):
     """{variable name: [value of each local copy]} for the parallelized graph."""
     program = epl.Graph.get(sess.graph).parallel
-    return dict((name, copy_values(sess, name)) for name in program.variable_copies)
+    return all_copy_values(sess, program.variable_copies)
 
 
 def _train(model, arrays, runs, stage=no_stage, collect=True, monitored=False, batch=None,

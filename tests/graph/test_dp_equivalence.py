@@ -5,8 +5,8 @@ import tensorflow.compat.v1 as tf
 
 import epl
 from epl.cluster import Cluster
-from eplutil import (copy_values, dataset_input, make_data, max_diff, mlp, serial_train,
-                     train_step, initial_weights)
+from eplutil import (all_copy_values, copy_values, dataset_input, make_data, max_diff, mlp,
+                     serial_train, train_step, initial_weights)
 
 STEPS = 4
 TOL = 1e-5
@@ -34,7 +34,7 @@ def _epl_train(devices, batch, steps, strategy=None, opt_name="momentum", collec
         losses.append(value)
         steps_seen.append(global_step)
     names = [v.op.name for v in tf.global_variables() if v.op.name != "global_step"]
-    copies = dict((n, copy_values(raw, n)) for n in names)
+    copies = all_copy_values(raw, names)
     sess.close()
     return losses, steps_seen, copies
 

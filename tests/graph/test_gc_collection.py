@@ -18,7 +18,7 @@ from epl.cluster import Cluster
 from epl.config import ConfigError
 from epl.runtime import gradient_checkpoint as gc
 from epl.runtime.amp_convert import HALF_SUFFIX
-from eplutil import copy_values, make_data, max_diff
+from eplutil import all_copy_values, make_data, max_diff
 
 STEPS = 3
 TOL = 1e-5
@@ -62,7 +62,7 @@ def _train_dp(config, build):
         for _ in range(STEPS):
             sess.run(train)
         names = sorted(v.op.name for v in tf.trainable_variables())
-        return dict((n, copy_values(sess, n)) for n in names)
+        return all_copy_values(sess, names)
 
 
 def test_collection_entries_follow_amp_float16_twins():

@@ -19,7 +19,7 @@ from epl.cluster import Cluster
 from epl.ir.traverse import ancestor_ops
 from epl.runtime import grouped_apply
 from epl.runtime.grouped_apply import balanced_groups, unsupported_reason
-from eplutil import (copy_values, dataset_input, initial_weights, make_data, max_diff, mlp,
+from eplutil import (all_copy_values, dataset_input, initial_weights, make_data, max_diff, mlp,
                      serial_train, staged_mlp, train_step)
 from realmodels import Bert
 
@@ -82,8 +82,8 @@ def _train(mode, opt_name, groups, steps=STEPS):
         sess.run(tf.global_variables_initializer())
         for _ in range(runs):
             sess.run(train)
-        values = dict((v.op.name, copy_values(sess, v.op.name)) for v in tf.global_variables()
-                      if v.op.name != "global_step")
+        values = all_copy_values(sess, [v.op.name for v in tf.global_variables()
+                                        if v.op.name != "global_step"])
         values["global_step"] = [sess.run(tf.train.get_global_step())]
     values["group ops"] = [len([op for op in tf.get_default_graph().get_operations()
                                 if "_group_" in op.name and op.type == "NoOp"
