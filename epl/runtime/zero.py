@@ -31,6 +31,7 @@ from epl.parallel.context import SYNC
 from epl.parallel.passes import LOWER, Pass
 from epl.parallel.roles import VARIABLE_TYPES
 from epl.runtime.zero_checkpoint import checkpoint_refusal, describe_remote_slots  # noqa: F401
+from epl.runtime.zero_error import ZeroError  # noqa: F401  (raised here, caught by users)
 from epl.session import roles
 from epl.tf_adapter import tf
 
@@ -41,10 +42,6 @@ ZeroRecord.__doc__ = """What ZeRO decided while the step was built: level, membe
 this worker's rank, {variable name: owner rank}, the barrier op, the names of
 variables that exist on this worker only (slots of owned variables), and on worker 0
 the other workers' slots (``zero_checkpoint.RemoteSlot``) or why they are unknown."""
-
-
-class ZeroError(ValueError):
-    """ZeRO cannot partition this program as asked."""
 
 
 def applies(config):

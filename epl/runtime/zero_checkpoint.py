@@ -36,6 +36,7 @@ import threading
 from epl import tf_adapter
 from epl.ops import checkpoint
 from epl.parallel.passes import LOWER, Pass
+from epl.runtime.zero_error import ZeroError
 from epl.tf_adapter import tf
 
 RemoteSlot = collections.namedtuple("RemoteSlot", ["name", "owner", "template"])
@@ -172,7 +173,6 @@ class _OwnersHoldTheirSlots(object):
         del restored
         missing = [slot for slot, held in zip(self._slots, run(self._op, None)) if not held]
         if missing:
-            from epl.runtime.zero import ZeroError   # the error users catch for ZeRO
             raise ZeroError(
                 "zero.level: worker 0 expected these optimizer variables on their owners, "
                 "which do not have them: %s. The optimizer names its variables by the order "
