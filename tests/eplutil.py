@@ -198,6 +198,7 @@ def train_and_save_copies(train, steps, out_dir, worker):
 
 
 MEASURED = []  # (test id, max difference) for the equivalence summary printed by conftest
+TIMINGS = []  # (what, seconds) that tests measured, printed by conftest
 
 
 def max_diff(reference, copies):
