@@ -137,32 +137,6 @@ def test_a_cut_accumulation_window_is_dropped_and_the_next_epoch_continues_the_w
         _check_weights(sess, reference, 2)
 
 
-@pytest.mark.timeout(90)
-def test_monitored_session_stops_runs_hooks_end_and_writes_the_final_checkpoint(tmp_path):
-    epl.init(cluster=Cluster(devices_per_worker=2))
-    epl.set_default_strategy(epl.replicate(1))
-    x, y = make_data(7 * B)
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
-    features, labels = tf.data.make_one_shot_iterator(data).get_next()
-    train = train_step(mlp(features, labels, initial_weights()))
-    ended = []
-
-    class End(tf.train.SessionRunHook):
-        def end(self, session):
-            ended.append(copy_values(session, "d1/kernel"))
-
-    runs = 0
-    with tf.train.MonitoredTrainingSession(checkpoint_dir=str(tmp_path), hooks=[End()],
-                                           save_checkpoint_steps=100) as sess:
-        while not sess.should_stop():
-            sess.run(train)
-            runs += 1
-    assert runs == 3 and len(ended) == 1
-    _, reference = serial_train(x, y, 2 * B, 3)
-    assert max_diff(reference["d1/kernel"], ended[0]) < TOL
-    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-3")
-
-
 @pytest.mark.timeout(120)
 def test_estimator_returns_normally_at_the_end_of_uneven_input(tmp_path):
     """Static batches (drop_remainder): each of the 2 copies pulls a whole batch of 8;

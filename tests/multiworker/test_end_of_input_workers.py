@@ -17,8 +17,8 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import epl
-from eplutil import (TIMINGS, copy_values, initial_weights, make_data, max_diff, mlp,
-                     run_launcher, run_workers, serial_train, staged_mlp, train_step,
+from eplutil import (TIMINGS, initial_weights, make_data, max_diff, mlp, run_launcher,
+                     run_workers, serial_train, staged_mlp, train_step, train_to_the_end,
                      worker_rows)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,7 +41,7 @@ def _worker_data(x, y, workers, per_run, index):
 
 
 def _train(mode, checkpoint_dir):
-    """One worker's training loop: (runs, global step, copies' weights, stop time)."""
+    """One worker's training loop (eplutil.train_to_the_end's results)."""
     def worker(index, wx, wy):
         if mode != "pipeline":
             epl.set_default_strategy(epl.replicate(1))
@@ -49,24 +49,7 @@ def _train(mode, checkpoint_dir):
         features, labels = tf.data.make_one_shot_iterator(data).get_next()
         build = staged_mlp if mode == "pipeline" else mlp
         train = train_step(build(features, labels, weights=initial_weights()))
-        step, found = tf.train.get_global_step(), {}
-
-        class End(tf.train.SessionRunHook):
-            def end(self, session):
-                found["step"] = session.run(step)
-                found["weights"] = dict((n, copy_values(session, n)) for n in NAMES)
-
-        runs = 0
-        with tf.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, hooks=[End()],
-                                               save_checkpoint_steps=100) as sess:
-            while not sess.should_stop():
-                try:
-                    sess.run(train)
-                except tf.errors.OutOfRangeError:
-                    found["stopped"] = time.time()
-                    raise
-                runs += 1
-        return runs, found["step"], found["weights"], found["stopped"], time.time()
+        return train_to_the_end(train, NAMES, checkpoint_dir)
     return worker
 
 
@@ -84,12 +67,12 @@ def test_uneven_input_stops_every_worker_at_the_same_step(workers, devices, mode
                           config=epl.Config(config))
     updates = FULL_RUNS // runs_per_update
     _, reference = serial_train(x, y, workers * per_run * runs_per_update, updates)
-    for runs, step, weights, _, _ in results:
-        assert (runs, step) == (FULL_RUNS, updates)
+    for found in results:
+        assert (found["runs"], found["step"]) == (FULL_RUNS, updates)
         for name in NAMES:
-            assert max_diff(reference[name], weights[name]) < TOL, name
+            assert max_diff(reference[name], found["weights"][name]) < TOL, name
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-%d" % updates)
-    seconds = max(r[4] for r in results) - min(r[3] for r in results)
+    seconds = max(r["ended"] for r in results) - min(r["stopped"] for r in results)
     TIMINGS.append(("%dx%d %s: first OutOfRangeError to the last worker's exit" % (
         workers, devices, mode), seconds))
 
@@ -117,5 +100,5 @@ def test_epl_launch_reports_success_when_a_worker_runs_out_first(tmp_path, mode,
     for values in found:
         assert int(values["runs"]) == runs and int(values["step"]) == runs
         for name in NAMES:
-            assert max_diff(reference[name], list(values[name.replace("/", "__")])) < TOL, name
+            assert max_diff(reference[name], list(values[name])) < TOL, name
     assert tf.train.latest_checkpoint(str(tmp_path / "ckpt")).endswith("model.ckpt-%d" % runs)

@@ -5,12 +5,11 @@ device) or "pipeline" (the 2-stage MLP, 2 micro-batches); COUNTS is a comma list
 of how many batches of 4 rows each worker reads. Worker i's batches are its rows
 of the global batches (eplutil.worker_rows). Trains in a MonitoredTrainingSession
 (worker 0 writes checkpoints to OUT_DIR/ckpt) until OutOfRangeError, then writes
-OUT_DIR/worker_<i>.npz: runs, global step, the time of the OutOfRangeError and
-every local copy of the weights, read in a hook's end().
+OUT_DIR/worker_<i>.npz: what eplutil.train_to_the_end returns (runs, global step,
+times) and every local copy of each weight, under its variable name.
 """
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
@@ -18,8 +17,8 @@ import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 import epl  # noqa: E402
-from eplutil import (copy_values, initial_weights, make_data, mlp, staged_mlp,  # noqa: E402
-                     train_step, worker_rows)
+from eplutil import (initial_weights, make_data, mlp, staged_mlp, train_step,  # noqa: E402
+                     train_to_the_end, worker_rows)
 
 B = 4
 
@@ -39,27 +38,11 @@ def main(out_dir, mode, counts):
     features, labels = tf.data.make_one_shot_iterator(data).get_next()
     build = staged_mlp if mode == "pipeline" else mlp
     train = train_step(build(features, labels, weights=initial_weights()))
-    step, found = tf.train.get_global_step(), {}
-
-    class End(tf.train.SessionRunHook):
-        def end(self, session):
-            found["step"] = session.run(step)
-            for var in tf.trainable_variables():
-                found[var.op.name.replace("/", "__")] = np.stack(
-                    copy_values(session, var.op.name))
-
-    runs = 0
-    with tf.train.MonitoredTrainingSession(checkpoint_dir=os.path.join(out_dir, "ckpt"),
-                                           hooks=[End()], save_checkpoint_steps=100) as sess:
-        while not sess.should_stop():
-            try:
-                sess.run(train)
-            except tf.errors.OutOfRangeError:
-                found["stopped"] = time.time()
-                raise
-            runs += 1
-    np.savez(os.path.join(out_dir, "worker_%d.npz" % index), runs=runs, **found)
-    print("worker %d stopped after %d runs" % (index, runs))
+    found = train_to_the_end(train, [v.op.name for v in tf.trainable_variables()],
+                             os.path.join(out_dir, "ckpt"))
+    weights = dict((name, np.stack(copies)) for name, copies in found.pop("weights").items())
+    np.savez(os.path.join(out_dir, "worker_%d.npz" % index), **dict(found, **weights))
+    print("worker %d stopped after %d runs" % (index, found["runs"]))
 
 
 if __name__ == "__main__":
