@@ -162,3 +162,14 @@ def test_one_replica_without_accumulation_is_left_as_plain_tensorflow():
         assert _run_until_end(sess, train)[0] == 2
     assert not [op for op in tf.get_default_graph().get_operations()
                 if op.name.startswith(GUARD)]
+
+
+def test_a_queue_input_that_cannot_be_guarded_is_named_in_a_warning(caplog):
+    epl.init(cluster=Cluster(devices_per_worker=2))
+    epl.set_default_strategy(epl.replicate(1))
+    x, y = make_data(4 * B)
+    queue = tf.FIFOQueue(64, [tf.float32, tf.int64], shapes=[x.shape[1:], []], name="rows")
+    features, labels = queue.dequeue_many(B, name="take_rows")
+    train_step(mlp(features, labels, initial_weights()))
+    tf.get_default_graph().finalize()  # the rewrite
+    assert "take_rows (QueueDequeueManyV2), which EPL cannot guard" in caplog.text

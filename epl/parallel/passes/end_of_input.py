@@ -28,14 +28,20 @@ pulls, the agreement collective, ``program.substitutes`` and ``program.extras``
 (a fetch of a batch reads the guarded batches, it never pulls again).
 """
 import collections
+import logging
 
 from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.parallel.context import INPUT
 from epl.parallel.passes import LOWER, Pass
+from epl.parallel.roles import GET_NEXT_TYPES
 from epl.tf_adapter import tf
 
+LOG = logging.getLogger("epl")
 GUARDED_TYPES = frozenset(["IteratorGetNext", "IteratorGetNextSync"])
+# Pulls the rule cannot guard (queues, readers: no optional form). A user's own
+# IteratorGetNextAsOptional already sees the end itself.
+UNGUARDED_TYPES = GET_NEXT_TYPES - GUARDED_TYPES - frozenset(["IteratorGetNextAsOptional"])
 
 Pull = collections.namedtuple("Pull", ["user_op", "op"])
 
@@ -52,12 +58,15 @@ class EndOfInput(Pass):
     def applies(self, ctx):
         if not ctx.view.has_training_step:
             return False
-        pulls = step_pulls(ctx)
+        pulls = step_pulls(ctx, GUARDED_TYPES | UNGUARDED_TYPES)
         return bool(pulls) and (len(pulls) > 1 or ctx.plan.host_group.size > 1
                                 or ctx.plan.gradient_accumulation)
 
     def run(self, ctx):
+        _warn_unguarded(step_pulls(ctx, UNGUARDED_TYPES))
         pulls = step_pulls(ctx)
+        if not pulls:
+            return
         optionals = _optional_pulls(ctx, pulls)
         guard = _guard(ctx, [flag for _, flag in optionals.values()])
         batches = {}
@@ -72,13 +81,14 @@ class EndOfInput(Pass):
             tf_adapter.add_control_inputs(op, [guard])
 
 
-def step_pulls(ctx):
+def step_pulls(ctx, types=GUARDED_TYPES):
     """Every :class:`Pull` this worker makes in a step, in pull order (micro-batch
-    major): instances of the step's tf.data get-next ops that something consumes
-    (copies reading a slice of their replica's batch do not pull)."""
+    major): instances of the step's get-next ops of ``types`` (default: tf.data's)
+    that something consumes (copies reading a slice of their replica's batch do
+    not pull)."""
     result, seen = [], set()
     for user_op in ctx.roles.cloned:
-        if user_op.type not in GUARDED_TYPES or user_op.name not in ctx.roles.step:
+        if user_op.type not in types or user_op.name not in ctx.roles.step:
             continue
         for micro_batch in range(ctx.num_micro_batch):
             for copy in range(len(ctx.copies)):
@@ -88,6 +98,17 @@ def step_pulls(ctx):
                 seen.add(id(op))
                 result.append(Pull(user_op, op))
     return result
+
+
+def _warn_unguarded(pulls):
+    names = sorted(set("%s (%s)" % (p.user_op.name, p.user_op.type) for p in pulls))
+    if names:
+        LOG.warning(
+            "EPL: the training step reads %s, which EPL cannot guard at the end of the input "
+            "(the end-of-input rule covers tf.data iterators). If one replica's input ends "
+            "before the others', that replica stops alone and the others wait for it in "
+            "their collectives until communication.timeout. Read the input with tf.data, or "
+            "repeat it and stop after a number of steps.", ", ".join(names))
 
 
 def _optional_pulls(ctx, pulls):
