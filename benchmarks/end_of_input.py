@@ -121,13 +121,9 @@ def main(argv=None):
     info["total_seconds"] = time.monotonic() - start
     info["loadavg_end"] = common.load_average()
     report = markdown(info, args, rows, runs)
-    paths = common.write_results(os.path.abspath(args.out), NAME, {
+    return common.publish(args.out, NAME, {
         "benchmark": NAME, "environment": info, "settings": vars(args), "rows": rows,
-        "runs": runs}, report)
-    print()
-    print(report)
-    print("wrote %s (total %.0f s)" % (", ".join(paths), info["total_seconds"]))
-    return 0
+        "runs": runs}, report, info["total_seconds"])
 
 
 if __name__ == "__main__":

@@ -34,6 +34,16 @@ def _data(rows):
     return x, y, iterator
 
 
+def _dp_model(batches, devices=2, config=None):
+    """The MLP under replicate(1) on ``devices`` local devices, reading ``batches``
+    batches from an initializable iterator: (x, y, iterator, features, train op)."""
+    epl.init(config, cluster=Cluster(devices_per_worker=devices))
+    epl.set_default_strategy(epl.replicate(1))
+    x, y, iterator = _data(batches * B)
+    features, labels = iterator.get_next()
+    return x, y, iterator, features, train_step(mlp(features, labels, initial_weights()))
+
+
 def _run_until_end(sess, fetches):
     """Runs ``fetches`` until OutOfRangeError; returns (runs, the error's text)."""
     runs = 0
@@ -58,11 +68,7 @@ def test_local_replicas_stop_together_and_continue_after_a_new_epoch():
     at the step where replica 1 has no batch (before: replica 0 waited in its
     all-reduce for communication.timeout). The iterator is re-initialized and a second
     epoch trains on from the same weights on both replicas."""
-    epl.init(cluster=Cluster(devices_per_worker=2))
-    epl.set_default_strategy(epl.replicate(1))
-    x, y, iterator = _data(5 * B)
-    features, labels = iterator.get_next()
-    train = train_step(mlp(features, labels, initial_weights()))
+    x, y, iterator, _, train = _dp_model(5)
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         ends = []
@@ -81,11 +87,7 @@ def test_local_replicas_stop_together_and_continue_after_a_new_epoch():
 def test_a_fetched_batch_is_the_batch_copy_zero_trained_on():
     """Fetching the get-next output with the step returns copy 0's guarded batch and
     pulls nothing more."""
-    epl.init(cluster=Cluster(devices_per_worker=2))
-    epl.set_default_strategy(epl.replicate(1))
-    x, _, iterator = _data(4 * B)
-    features, labels = iterator.get_next()
-    train = train_step(mlp(features, labels, initial_weights()))
+    x, _, iterator, features, train = _dp_model(4)
     with tf.Session() as sess:
         sess.run([tf.global_variables_initializer(), iterator.initializer])
         seen = [sess.run([train, features])[1] for _ in range(2)]
@@ -118,11 +120,7 @@ def test_a_cut_accumulation_window_is_dropped_and_the_next_epoch_continues_the_w
     4 runs: one update, one run accumulated, then the end. The stopped run must not
     move the accumulation counter (before, it did: the window then ended one run early
     on the next epoch), so epoch 2's first 2 runs complete the second window."""
-    epl.init(epl.Config({"pipeline.num_micro_batch": 3}), cluster=Cluster(devices_per_worker=2))
-    epl.set_default_strategy(epl.replicate(1))
-    x, y, iterator = _data(9 * B)
-    features, labels = iterator.get_next()
-    train = train_step(mlp(features, labels, initial_weights()))
+    x, y, iterator, _, train = _dp_model(9, config=epl.Config({"pipeline.num_micro_batch": 3}))
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         sess.run(iterator.initializer)
@@ -154,9 +152,7 @@ def test_estimator_returns_normally_at_the_end_of_uneven_input(tmp_path):
 
 
 def test_one_replica_without_accumulation_is_left_as_plain_tensorflow():
-    epl.init(cluster=Cluster(devices_per_worker=1))
-    _, _, iterator = _data(2 * B)
-    train = train_step(mlp(*iterator.get_next(), weights=initial_weights()))
+    _, _, iterator, _, train = _dp_model(2, devices=1)
     with tf.Session() as sess:
         sess.run([tf.global_variables_initializer(), iterator.initializer])
         assert _run_until_end(sess, train)[0] == 2
