@@ -60,8 +60,12 @@ def run_one(args, workers, devices, mode):
                              workers)
     common.discard_logs(result)
     payloads = common.parse_bench(result.lines)
+    if sorted(payloads) != list(range(workers)):
+        common.raise_failure(result, "end_of_input %dx%d %s: BENCH lines of workers %s"
+                             % (workers, devices, mode, sorted(payloads)), workers)
+    ordered = [payloads[w] for w in range(workers)]
     return {"workers": workers, "devices": devices, "mode": mode,
-            "bench": payloads[0], "other_cpus": common.foreign_cpus(payloads)}
+            "bench": ordered[0], "other_cpus": common.foreign_cpus(ordered)}
 
 
 def summarize(runs, layouts):
