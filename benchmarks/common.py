@@ -569,3 +569,13 @@ def write_results(out_dir, name, payload, markdown):
         os.replace(path + ".tmp", path)
         paths.append(path)
     return paths
+
+
+def publish(out_dir, name, payload, markdown, seconds):
+    """Write the results (:func:`write_results`), then print the report and where it
+    went: how every benchmark ends. Returns 0, the benchmark's exit code."""
+    paths = write_results(os.path.abspath(out_dir), name, payload, markdown)
+    print()
+    print(markdown)
+    print("wrote %s (total %.0f s)" % (", ".join(paths), seconds))
+    return 0

@@ -289,13 +289,9 @@ def main(argv=None):
                 "server_modes": args.server_modes, "timeout": args.timeout,
                 "intra_op_threads": 1, "inter_op_threads": 1}
     report = markdown(info, args, runs, args.server_modes)
-    paths = common.write_results(os.path.abspath(args.out), NAME,
-                                 {"benchmark": NAME, "environment": info, "settings": settings,
-                                  "runs": runs, "observations": observations(runs)}, report)
-    print()
-    print(report)
-    print("wrote %s (total %.0f s)" % (", ".join(paths), info["total_seconds"]))
-    return 0
+    return common.publish(args.out, NAME, {
+        "benchmark": NAME, "environment": info, "settings": settings, "runs": runs,
+        "observations": observations(runs)}, report, info["total_seconds"])
 
 
 if __name__ == "__main__":

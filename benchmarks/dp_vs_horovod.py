@@ -336,15 +336,11 @@ def main(argv=None):
         for b in args.batch), "workers": WORKERS, "intra_op_threads": 1, "inter_op_threads": 1,
         "targets": {"vs_horovod": TARGET_VS_HOROVOD, "scaling_efficiency": TARGET_EFFICIENCY}})
     report = markdown(info, args, runs, target_rows, hangs)
-    paths = common.write_results(
-        os.path.abspath(args.out), NAME,
-        {"benchmark": NAME, "environment": info, "settings": settings, "runs": runs,
-         "hangs": hangs, "targets": target_rows, "verdicts": verdicts(target_rows, args.models),
-         "observations": observations(runs, args.models, args.batch)}, report)
-    print()
-    print(report)
-    print("wrote %s (total %.0f s)" % (", ".join(paths), info["total_seconds"]))
-    return 0
+    return common.publish(args.out, NAME, {
+        "benchmark": NAME, "environment": info, "settings": settings, "runs": runs,
+        "hangs": hangs, "targets": target_rows, "verdicts": verdicts(target_rows, args.models),
+        "observations": observations(runs, args.models, args.batch)}, report,
+        info["total_seconds"])
 
 
 if __name__ == "__main__":

@@ -61,6 +61,9 @@ def parse_args(argv):
                         help="'epl': EPL creates this worker's tf.train.Server (the normal "
                              "user path); 'pinned': the script creates it first with the "
                              "thread-limited ConfigProto")
+    parser.add_argument("--end-of-input", choices=("on", "off"), default="on",
+                        help="'off': rewrite the graph without EPL's end-of-input agreement "
+                             "(benchmarks/end_of_input.py measures what it costs)")
     parser.add_argument("--deadline", type=float, default=170.0,
                         help="hard-exit after this many seconds (never hang the benchmark)")
     args = parser.parse_args(argv)
@@ -128,6 +131,16 @@ def collective_op_counts(graph):
     return op_type_counts(graph, COMM_OP_PREFIXES)
 
 
+def without_end_of_input(epl):
+    """Rewrite the default graph now, with every pass but the end-of-input agreement
+    (the session then finds it rewritten). Only for measuring that pass's cost."""
+    from epl.parallel import rewriter
+    env, view = epl.Env.get(), epl.Graph.get()
+    view.owner = env
+    passes = tuple(p for p in rewriter.PASSES if p.name != "end_of_input")
+    rewriter.parallelize(view, env.config, env.cluster, passes=passes)
+
+
 def stage(message):
     print("dp_worker: " + message, flush=True)
 
@@ -155,6 +168,8 @@ def main(argv=None):
         # config and registers the server, so the session below connects to it.
         tf.train.Server(tf.train.ClusterSpec(cluster.cluster_spec()), job_name="worker",
                         task_index=index, config=config, start=True)
+    if args.end_of_input == "off":
+        without_end_of_input(epl)
     # Stage lines: if a run hangs, the log tail shows where (e.g. waiting for a peer).
     stage("graph built (%s, %d parameters); creating the session" % (args.model, params))
     setup_start = time.perf_counter()
@@ -178,6 +193,7 @@ def main(argv=None):
         "session_setup_seconds": setup, "final_loss": final_loss,
         "intra_op_threads": args.threads, "inter_op_threads": args.threads,
         "server": args.server, "distributed": cluster.distributed,
+        "end_of_input": args.end_of_input,
         "params": params, "collective_ops": collectives,
         "communication": dict((key, epl.Env.get().config.get(key)) for key in COMM_KEYS),
         "tf_version": tf.__version__, "pid": os.getpid()}

@@ -21,31 +21,41 @@ def _epl_clean_state(monkeypatch):
 
 
 _EQUIVALENCE = []   # (test, max difference) from every test report, xdist workers' too
-_TAKEN = [0]        # how many of this process's eplutil.MEASURED entries were reported
+_TIMINGS = []       # (what, seconds) from every test report (eplutil.TIMINGS)
+_TAKEN = {"equivalence": 0, "timing": 0}  # this process's entries reported so far
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Attach the equivalence differences a test measured to its teardown report, so
-    that they reach the summary from whichever process ran the test (pytest-xdist)."""
+    """Attach the equivalence differences and timings a test measured to its teardown
+    report, so that they reach the summary from whichever process ran the test
+    (pytest-xdist)."""
     outcome = yield
     import sys
     eplutil = sys.modules.get("eplutil")
     if call.when != "teardown" or eplutil is None:
         return
-    new = eplutil.MEASURED[_TAKEN[0]:]
-    _TAKEN[0] = len(eplutil.MEASURED)
-    outcome.get_result().user_properties.extend(("equivalence", list(m)) for m in new)
+    for name, entries in (("equivalence", eplutil.MEASURED), ("timing", eplutil.TIMINGS)):
+        new = entries[_TAKEN[name]:]
+        _TAKEN[name] = len(entries)
+        outcome.get_result().user_properties.extend((name, list(m)) for m in new)
 
 
 def pytest_runtest_logreport(report):
     for name, value in report.user_properties:
         if name == "equivalence":
             _EQUIVALENCE.append(tuple(value))
+        elif name == "timing":
+            _TIMINGS.append(tuple(value))
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Print the largest weight difference each equivalence test measured."""
+    """Print the timings tests recorded and the largest weight difference each
+    equivalence test measured."""
+    if _TIMINGS:
+        terminalreporter.section("timings measured by tests (seconds)")
+        for what, seconds in _TIMINGS:
+            terminalreporter.write_line("%6.2f  %s" % (seconds, what))
     if not _EQUIVALENCE:
         return
     worst = {}

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -208,7 +209,35 @@ def train_and_save_copies(train, steps, out_dir, worker):
     print("worker %d done" % worker)
 
 
+def train_to_the_end(train, names, checkpoint_dir=None):
+    """Run ``train`` in a MonitoredTrainingSession until the input ends.
+
+    Returns a dict: ``runs`` that completed, ``step`` (the global step) and
+    ``weights`` ({name: [every local copy]}) read in a hook's ``end()`` (which
+    MonitoredTrainingSession calls only on a clean stop), ``stopped`` (when the
+    OutOfRangeError came) and ``ended`` (when the session was closed)."""
+    found = {"runs": 0}
+
+    class End(tf.train.SessionRunHook):
+        def end(self, session):
+            found["step"] = int(session.run(tf.train.get_global_step()))
+            found["weights"] = dict((n, copy_values(session, n)) for n in names)
+
+    with tf.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir, hooks=[End()],
+                                           save_checkpoint_steps=100) as sess:
+        while not sess.should_stop():
+            try:
+                sess.run(train)
+            except tf.errors.OutOfRangeError:
+                found["stopped"] = time.time()
+                raise
+            found["runs"] += 1
+    found["ended"] = time.time()
+    return found
+
+
 MEASURED = []  # (test id, max difference) for the equivalence summary printed by conftest
+TIMINGS = []  # (what, seconds) that tests measured, printed by conftest
 
 
 def max_diff(reference, copies):

@@ -12,8 +12,9 @@ from epl.runtime import optimizers
 
 # Communicators over one group, one per purpose: the collectives of one purpose
 # are ordered on a ring member, and a fetch of a merged loss must not wait for
-# the gradient all-reduce (or drag it into a loss-only run).
-GRADIENTS, OUTPUTS, SYNC, LAYERS = "grads", "outputs", "sync", "layers"
+# the gradient all-reduce (or drag it into a loss-only run). INPUT: the end-of-input
+# agreement of every step (epl.parallel.passes.end_of_input).
+GRADIENTS, OUTPUTS, SYNC, LAYERS, INPUT = "grads", "outputs", "sync", "layers", "input"
 
 
 def sharded_variable_names(view):
@@ -70,6 +71,9 @@ class RewriteContext(object):
         self.keys = KeyRegistry()
         self.epl_variables = []    # EPL's own state (accumulators), initialized by the sync op
         self.split_inputs = set()  # get-next ops whose batch BatchSplit splits over copies
+        # EPL state writes every run makes whatever its input (the accumulation
+        # counter): they wait for the end-of-input agreement (EndOfInput)
+        self.per_run_writes = []
         self._sharded = None
         self.program = ParallelProgram(plan, self.worker, len(self.copies))
         self._communicators = {}

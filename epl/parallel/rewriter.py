@@ -24,6 +24,7 @@ from epl.runtime.zero import ZeroSync
 from epl.runtime.zero_checkpoint import ZeroCheckpoints
 from epl.parallel.passes.io_slicing import IOSlicing
 from epl.parallel.passes.classify import ClassifyRoles
+from epl.parallel.passes.end_of_input import EndOfInput
 from epl.parallel.passes.gradients import GradientAggregation
 from epl.parallel.passes.input_order import InputOrder
 from epl.parallel.passes.micro_batches import MicroBatchClone
@@ -61,6 +62,7 @@ PASSES = (
     MergedOutputs(),
     ShardedCheckpoints(),
     ZeroCheckpoints(),
+    EndOfInput(),
     VariableSync(),
 )
 

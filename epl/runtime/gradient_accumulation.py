@@ -24,14 +24,17 @@ Released = collections.namedtuple("Released", ["value", "store"])
 SparseReleased = collections.namedtuple("SparseReleased", ["dense", "touched", "store"])
 
 
-def accumulation_gate(host, steps, epl_variables):
+def accumulation_gate(host, steps, epl_variables, per_run_writes):
     """A counter on ``host`` bumped every run; the returned bool is True every
-    ``steps``-th run. The counter is EPL state, (re)initialized by the sync op."""
+    ``steps``-th run. The counter is EPL state, (re)initialized by the sync op; its
+    bump is appended to ``per_run_writes`` (it must not run in a step that the end
+    of the input stops, or workers would disagree on the window)."""
     with tf.device(host), tf.name_scope("EPL_GA"):
         counter = tf.Variable(0, dtype=tf.int64, trainable=False, collections=[],
                               name="counter")
         epl_variables.append(counter)
         count = tf.assign_add(counter, 1)
+        per_run_writes.append(count.op)
         return tf.equal(tf.floormod(count, steps), 0)
 
 

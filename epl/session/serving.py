@@ -18,7 +18,7 @@ from epl.session.reachability import reachable, wait_until_reachable
 LOG = logging.getLogger("epl")
 
 
-def wait_for_drivers(hosts, poll=1.0, startup_timeout=600.0):
+def wait_for_drivers(hosts, poll=0.5, startup_timeout=600.0):
     """Block until the driver workers were up and then went away.
 
     The first phase polls fast: a driver cannot run a step before our server

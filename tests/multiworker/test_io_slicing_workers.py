@@ -16,7 +16,7 @@ from epl.parallel import rewriter
 from epl.parallel.file_shards import share_of, worker_indices
 from epl.parallel.passes.io_slicing import IOSlicing
 from eplutil import (FEATURES, copy_values, initial_weights, make_data, max_diff, mlp,
-                     run_workers, serial_train, train_step)
+                     run_workers, serial_train, train_step, train_to_the_end)
 
 STEPS, BATCH, WORKERS, FILES, ROWS = 3, 4, 2, 6, 8
 TOL = 1e-5
@@ -129,3 +129,39 @@ def test_uneven_pattern_fails_on_every_worker_at_the_first_step(tmp_path):
                            timeout=120)
     for message in messages:
         assert "do not divide evenly among 2 workers" in message and "[5]" in message
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("key,steps", [("io.unbalanced_io_slicing", 4), ("io.drop_last_files", 3)])
+def test_uneven_shares_end_every_worker_at_the_same_step(tmp_path, key, steps):
+    """5 files of 2 batches; file 4 holds 1 batch more than the others. Unbalanced: worker 0
+    reads files 0, 2, 4 (7 batches), worker 1 files 1, 3 (4 batches); with the last file
+    dropped worker 0 reads 0, 2 (4 batches), worker 1 reads 1, 3 (4 batches) less the
+    last batch of file 3, cut short below. Every worker stops at the first step where one
+    has no batch, applies nothing of it, and ends cleanly (docs/data_parallelism.md)."""
+    sizes = [ROWS, ROWS, ROWS, ROWS - (BATCH if key == "io.drop_last_files" else 0), ROWS + BATCH]
+    offsets = np.cumsum([0] + sizes)
+    x, y = make_data(int(offsets[-1]))
+    paths = []
+    for index, size in enumerate(sizes):
+        path = os.path.join(str(tmp_path), "rows-%02d.tfrecord" % index)
+        with tf.io.TFRecordWriter(path) as writer:
+            for row in range(offsets[index], offsets[index] + size):
+                writer.write(np.append(x[row], np.float32(y[row])).astype(np.float32).tobytes())
+        paths.append(path)
+    streams = [np.concatenate([np.arange(offsets[f], offsets[f + 1]) for f in worker_indices(
+        len(sizes), share_of(w, [1] * WORKERS), drop_last=key == "io.drop_last_files",
+        unbalanced=key == "io.unbalanced_io_slicing")]) for w in range(WORKERS)]
+    order = np.concatenate([s[k * BATCH:(k + 1) * BATCH] for k in range(steps) for s in streams])
+    _, reference = serial_train(x[order], y[order], WORKERS * BATCH, steps)
+
+    def worker(index):
+        epl.set_default_strategy(epl.replicate(1))
+        train = train_step(mlp(*_pipeline(tmp_path, paths, False), weights=initial_weights()))
+        return train_to_the_end(train, ("d1/kernel", "d2/kernel"))
+
+    config = epl.Config({"io.slicing": True, key: True})
+    for found in run_workers(worker, WORKERS, 1, config=config, timeout=120):
+        assert (found["runs"], found["step"]) == (steps, steps)
+        for name in ("d1/kernel", "d2/kernel"):
+            assert max_diff(reference[name], found["weights"][name]) < TOL, name

@@ -54,7 +54,8 @@ class GradientAggregation(Pass):
         items = training_items(ctx)
         gate = None
         if ctx.plan.gradient_accumulation:
-            gate = ga.accumulation_gate(ctx.host, ctx.plan.num_micro_batch, ctx.epl_variables)
+            gate = ga.accumulation_gate(ctx.host, ctx.plan.num_micro_batch, ctx.epl_variables,
+                                        ctx.per_run_writes)
         for copy in range(len(ctx.copies)):
             plan = copy_plan(ctx, items, copy)
             ctx.program.gradient_plans.append(plan)
