@@ -125,8 +125,9 @@ def main(argv=None):
     info["total_seconds"] = time.monotonic() - start
     info["loadavg_end"] = common.load_average()
     report = markdown(info, args, rows, runs)
+    settings = dict(vars(args), out=os.path.relpath(args.out, os.path.dirname(common.HERE)))
     return common.publish(args.out, NAME, {
-        "benchmark": NAME, "environment": info, "settings": vars(args), "rows": rows,
+        "benchmark": NAME, "environment": info, "settings": settings, "rows": rows,
         "runs": runs}, report, info["total_seconds"])
 
 
