@@ -99,10 +99,11 @@ def _was_traced(run_metadata):
 
 def _names_inside_calls(graph, executed):
     """Node names inside the functions that the executed call ops of ``graph`` ran."""
-    names = set()
+    names, seen = set(), set()
     for name in executed:
         op = graph.get_operation_by_name(name)
-        if op.type in tf_adapter.CALL_OPS:
+        if op.type in tf_adapter.CALL_OPS and op.get_attr("f").name not in seen:
+            seen.add(op.get_attr("f").name)   # every call of a function: the same names
             names |= tf_adapter.called_node_names(op)
     return names
 

@@ -215,23 +215,33 @@ def _called_flops(graph, names=None):
     """Float ops of the ops inside the functions ``graph``'s call ops run (EPL's stage
     functions, nested calls included), named ``<call>/<inner op>``: ``{name: value}``,
     ``{name: (device, type)}`` (an inner op without a device runs on its call's) and
-    the inner names whose shapes stayed unknown. ``names`` restricts the calls."""
+    the inner names whose shapes stayed unknown. ``names`` restricts the calls.
+    A pipeline calls each function once per micro-batch with the same shapes, so each
+    (function, input shapes) body is built and profiled once."""
     values, places, unknown = {}, {}, []
+    bodies = {}
     for call in graph.get_operations():
         if call.type not in tf_adapter.CALL_OPS or (names is not None and call.name not in names):
             continue
-        body = tf_adapter.called_function_body(call)
-        inner_values, inner_places, inner_unknown = _called_flops(body)
-        for name, value in _float_ops_per_op(body).items():
-            op = body.get_operation_by_name(name)
-            inner_values[name], inner_places[name] = value, (op.device, op.type)
-        inner_unknown += shape_lib.incomplete_ops(body)
+        key = (call.get_attr("f").name, tuple(str(t.shape) for t in call.inputs))
+        if key not in bodies:
+            bodies[key] = _body_flops(tf_adapter.called_function_body(call))
+        inner_values, inner_places, inner_unknown = bodies[key]
         for name, value in inner_values.items():
             device, op_type = inner_places[name]
             values[call.name + "/" + name] = value
             places[call.name + "/" + name] = (device or call.device, op_type)
         unknown += [call.name + "/" + name for name in inner_unknown]
     return values, places, unknown
+
+
+def _body_flops(body):
+    """:func:`_called_flops` of one function body: its own ops and its nested calls."""
+    values, places, unknown = _called_flops(body)
+    for name, value in _float_ops_per_op(body).items():
+        op = body.get_operation_by_name(name)
+        values[name], places[name] = value, (op.device, op.type)
+    return values, places, unknown + shape_lib.incomplete_ops(body)
 
 
 def graph_flops(graph=None, batch_size=None, fetches=None, source_shapes=None,

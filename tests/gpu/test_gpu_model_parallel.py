@@ -28,6 +28,16 @@ def _device_index(device):
     return spec.device_index
 
 
+def _train_staged_mlp(train):
+    """STEPS steps of the staged MLP, the last one traced: (what ran, its weights' copies)."""
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for _ in range(STEPS - 1):
+            sess.run(train)
+        _, ran = traced_run(sess, train)
+        return ran, dict((n, copy_values(sess, n)) for n in ("d1/kernel", "d2/kernel", "d2/bias"))
+
+
 @needs_gpus(2)
 @pytest.mark.parametrize("strategy", ["PreferBackward", "PreferForward"])
 def test_pipeline_over_two_gpus_matches_single_gpu_training(strategy):
@@ -37,12 +47,7 @@ def test_pipeline_over_two_gpus_matches_single_gpu_training(strategy):
                          "pipeline.strategy": strategy}), cluster=gpu_cluster(2))
     loss = staged_mlp(*dataset_input(x, y, BATCH), weights=initial_weights())
     train = train_step(loss)
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        for _ in range(STEPS - 1):
-            sess.run(train)
-        _, ran = traced_run(sess, train)
-        copies = dict((n, copy_values(sess, n)) for n in ("d1/kernel", "d2/kernel", "d2/bias"))
+    ran, copies = _train_staged_mlp(train)
     _, reference = serial_train(x, y, micro_batches * BATCH, STEPS)
     for name, values in copies.items():
         assert len(values) == 1 and max_diff(reference[name], values) < TOL, name
@@ -61,12 +66,7 @@ def test_data_parallel_pipelines_over_four_gpus_reduce_over_nccl():
     epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches}), cluster=gpu_cluster(4))
     loss = staged_mlp(*dataset_input(x, y, BATCH), weights=initial_weights())
     train = train_step(loss)
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        for _ in range(STEPS - 1):
-            sess.run(train)
-        _, ran = traced_run(sess, train)
-        copies = dict((n, copy_values(sess, n)) for n in ("d1/kernel", "d2/kernel", "d2/bias"))
+    ran, copies = _train_staged_mlp(train)
     _, reference = serial_train(x, y, 2 * micro_batches * BATCH, STEPS)
     for name, values in copies.items():
         assert len(values) == 2 and max_diff(reference[name], values) < TOL, name
