@@ -27,6 +27,7 @@ from epl.cluster.session_config import session_config
 from epl.ir.graph import Graph
 from epl.parallel import estimator, rewriter, step_check
 from epl.parallel.hooks import Patch
+from epl.parallel.plan import STAGE_FUNCTIONS
 from epl.session import roles, serving
 from epl.session.runner import (ensure_synced, guarded, mark_initialized, mark_unsynced,
                                 restoring)
@@ -56,14 +57,32 @@ def program_for(graph, provider):
     return view.parallel
 
 
-def _device_filters(graph, env):
+def _plan(graph, env):
+    """The plan of ``graph`` when it is built and will be parallelized, else None:
+    a session made before the graph has strategies (or for a graph EPL leaves
+    alone) gets no graph-specific settings."""
+    view = _view(graph)
+    if view is None:
+        return None
+    if view.parallel is not None:
+        return view.parallel.plan
+    if view.taskgraphs and _parallel(view):
+        return rewriter.plan_for(view, env.config, env.cluster)
+    return None
+
+
+def _calls_stage_functions(plan):
+    """True if the plan lowers micro-batches or local replicas to calls of stage
+    functions (see epl.cluster.session_config for what that changes)."""
+    return bool(plan and plan.micro_batching and plan.micro_batching[0] == STAGE_FUNCTIONS)
+
+
+def _device_filters(view, plan, env):
     """Tasks this worker's graph touches; others need not be up for session creation."""
     if not env.cluster.distributed:
         return None
-    view = _view(graph)
     workers = [env.cluster.worker_index]
-    if view is not None and view.taskgraphs and _parallel(view):
-        plan = rewriter.plan_for(view, env.config, env.cluster)
+    if plan is not None:
         workers = plan.workers_used_by(env.cluster.worker_index)
         if roles.writes_checkpoints(env.cluster):
             workers = sorted(set(workers) | set(_split_shard_workers(plan))
@@ -99,7 +118,9 @@ def _wrap_session_init(original, provider):
     def __init__(self, target="", graph=None, config=None):
         env = provider()
         graph_ = graph if graph is not None else tf_adapter.get_default_graph()
-        config = session_config(env.cluster, config, _device_filters(graph_, env))
+        plan = _plan(graph_, env)
+        config = session_config(env.cluster, config, _device_filters(_view(graph_), plan, env),
+                                calls_functions=_calls_stage_functions(plan))
         if env.cluster.distributed and not target:
             target = env.get_or_create_server(config).target
         original(self, target, graph, config)

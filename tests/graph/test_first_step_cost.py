@@ -1,8 +1,11 @@
 """What the pipeline rewrite does so that TensorFlow starts its graph quickly.
 
 The first step of a pipelined graph pays for grappler on micro-batch copies
-(``benchmarks/rewrite_cost.py`` measures it); these tests pin the two graph
-properties that keep that cost down.
+(``benchmarks/rewrite_cost.py`` measures it); these tests pin the graph and
+session properties that keep that cost down: for unrolled copies, shared
+constants and folded sums; for stage functions, call sites that no TF pass
+turns into a copy of the body each (grappler's specialization and inlining
+check, XLA's clustering check).
 """
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -203,3 +206,83 @@ class _Recorder(object):
 
     def __getattr__(self, name):
         return getattr(self.logger, name)
+
+
+def _stage_function_pipeline(micro_batching="stage_functions"):
+    epl.init(epl.Config({"pipeline.num_micro_batch": MICRO_BATCHES,
+                         "pipeline.micro_batching": micro_batching}),
+             cluster=Cluster(devices_per_worker=2))
+    x, y = make_data(64)
+    return train_step(staged_mlp(*dataset_input(x, y, 4), initial_weights()))
+
+
+def test_stage_function_calls_are_not_specialized_per_call_site():
+    """Grappler's function optimizer (when a user turns it on) leaves the calls
+    alone: before, it made a specialized copy of a backward body for micro-batch
+    0 and another for the rest, each instantiated on its own."""
+    train = _stage_function_pipeline()
+    env = epl.Env.get()
+    rewriter.parallelize(epl.Graph.get(), env.config, env.cluster)
+    graph = tf.get_default_graph()
+    graph.add_to_collection(tf.GraphKeys.TRAIN_OP, train)
+    config = tf.ConfigProto()
+    options = config.graph_options.rewrite_options
+    options.function_optimization = rewriter_config_pb2.RewriterConfig.ON
+    options.min_graph_nodes = -1
+    optimized = tf_optimizer.OptimizeGraph(config, tf.train.export_meta_graph(graph=graph))
+    names = [f.signature.name for f in optimized.library.function]
+    assert any(name.startswith("EPL_stage") for name in names)
+    assert not [name for name in names if "specialized" in name]
+    calls = [n for n in optimized.node if n.op == "StatefulPartitionedCall"]
+    assert len(calls) == 2 * 2 * MICRO_BATCHES  # forward + backward, 2 stages: none inlined
+
+
+def test_stage_function_calls_are_kept_from_xla_clustering():
+    """TF's auto-clustering pass builds the body of every call it may cluster
+    (even with XLA off); EPL's calls say they are not to be compiled whole."""
+    _stage_function_pipeline()
+    env = epl.Env.get()
+    rewriter.parallelize(epl.Graph.get(), env.config, env.cluster)
+    calls = [op for op in tf.get_default_graph().get_operations()
+             if op.type == "StatefulPartitionedCall"]
+    assert len(calls) >= 2 * MICRO_BATCHES
+    assert all(op.get_attr("_XlaCompile") is False for op in calls)
+
+
+def _function_optimization(sess):
+    return sess._config.graph_options.rewrite_options.function_optimization  # noqa
+
+
+def test_sessions_of_stage_function_graphs_run_without_the_function_optimizer():
+    """Grappler's function optimizer builds a body per call site only to find it
+    must not inline it: sessions of graphs calling stage functions turn it off;
+    a user's explicit setting wins, and other graphs keep TF's default."""
+    toggle = rewriter_config_pb2.RewriterConfig
+    _stage_function_pipeline()
+    with tf.Session() as sess:
+        assert _function_optimization(sess) == toggle.OFF
+    config = tf.ConfigProto()
+    config.graph_options.rewrite_options.function_optimization = toggle.ON
+    with tf.Session(config=config) as sess:
+        assert _function_optimization(sess) == toggle.ON
+    tf.reset_default_graph()
+    _stage_function_pipeline("unrolled")
+    with tf.Session() as sess:
+        assert _function_optimization(sess) == toggle.DEFAULT
+
+
+def test_pipelines_train_alike_with_the_function_optimizer_on_and_off():
+    """The setting changes how TF prepares the graph, not what it computes."""
+    values = []
+    for toggle in (rewriter_config_pb2.RewriterConfig.OFF, rewriter_config_pb2.RewriterConfig.ON):
+        tf.reset_default_graph()
+        train = _stage_function_pipeline()
+        config = tf.ConfigProto()
+        config.graph_options.rewrite_options.function_optimization = toggle
+        with tf.Session(config=config) as sess:
+            sess.run(tf.global_variables_initializer())
+            for _ in range(3):
+                sess.run(train)
+            values.append(sess.run([v for v in tf.trainable_variables()]))
+    for off, on in zip(*values):
+        np.testing.assert_allclose(off, on, rtol=0, atol=1e-6)
