@@ -399,7 +399,7 @@ def formula_total(size, layers, values, devices):
     from epl.cluster import Cluster
     from epl.config import Config
     from epl.parallel.plan import TaskGraphSpec, make_plan
-    from epl.runtime import memory_estimate as me
+    from epl.profiler import memory_estimate as me
     config = Config(values)
     plan = make_plan(config, Cluster(None, 0, devices), [TaskGraphSpec("m", "replicate", 1)])
     estimate = me.estimate(me.profile_for_config(dict(size, layers=layers), config),
@@ -412,7 +412,7 @@ def budget_rows(budget_gib, workers):
     from epl.cluster import Cluster
     from epl.config import Config
     from epl.parallel.plan import TaskGraphSpec, make_plan
-    from epl.runtime import memory_estimate as me
+    from epl.profiler import memory_estimate as me
     shape = dict(hidden=1024, heads=16, seq=512, intermediate=4096, vocab=30522, batch=8)
     hosts = ["worker%d:2222" % i for i in range(workers)]
     choices = [("none", {}), ("gc", GC), ("zero v1", {"zero.level": "v1"}),

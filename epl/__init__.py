@@ -34,8 +34,8 @@ _EXPORTS = {
     "split": "epl.strategies",
     "set_default_strategy": "epl.strategies",
     "StrategyError": "epl.strategies",
-    "estimate_memory": "epl.runtime.memory_estimate",
-    "MemoryEstimateError": "epl.runtime.memory_estimate",
+    "estimate_memory": "epl.env",
+    "MemoryEstimateError": "epl.profiler.memory_estimate",
 }
 
 __all__ = sorted(_EXPORTS) + ["VERSION"]

@@ -276,6 +276,25 @@ def init(config=None, cluster=None):
     return env
 
 
+def estimate_memory(graph=None, batch_size=None, config=None, cluster=None):
+    """Expected bytes per device of the training step built in ``graph`` (default: the
+    default graph) under EPL's plan, with every saver of ``config`` (default: the
+    ``epl.init`` one) applied. Call it after building the step, before running it::
+
+        est = epl.estimate_memory()
+        print(est)                       # one row per device
+        est.devices[device].total        # bytes; est.to_dict() for JSON
+
+    ``batch_size`` fills unknown batch dimensions of placeholders and iterators.
+    The arithmetic is :mod:`epl.profiler.memory_estimate` (docs/memory.md)."""
+    from epl.profiler import memory_estimate
+    tf_graph = graph if graph is not None else tf_adapter.tf.get_default_graph()
+    view = Graph.get(tf_graph, create=False)
+    if config is None:
+        config = (view.owner if view is not None and view.owner else Env.get()).config
+    return memory_estimate.estimate_graph(view, config, cluster, batch_size)
+
+
 def _start_graph_over():
     """Forget the default graph's EPL state; replace the graph if a previous epl.init
     built a model in it (its records are gone, so it could not be parallelized)."""

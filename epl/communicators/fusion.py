@@ -1,69 +1,14 @@
 """Tensor fusion: pack gradients into a few buffers so each all-reduce moves more bytes.
 
-``plan_buckets`` is pure: given tensors in the order backprop produces them,
-it cuts them into at most ``max_splits`` contiguous buckets of one dtype and
-roughly equal bytes, so the first bucket can be reduced while later
-gradients are still being computed. ``pack``/``unpack`` use EPL's C++ ops
+Which tensors share a buffer is :func:`epl.buckets.plan_buckets` (pure, no
+TensorFlow; re-exported here). ``pack``/``unpack`` use EPL's C++ ops
 (``EplPack``/``EplUnpack``, one copy into one buffer) when the op library is
 built, and the equivalent ``tf.concat``/``tf.split`` otherwise; both give
 identical results.
 """
-from epl.checks import check_count
+from epl.buckets import plan_buckets  # noqa: F401  (re-exported)
 from epl.communicators import library
 from epl.tf_adapter import tf
-
-
-def plan_buckets(sizes, dtypes, max_splits):
-    """Contiguous buckets (lists of indices) for tensors of ``sizes`` bytes.
-
-    Each bucket holds a single dtype. The count is at most ``max_splits``,
-    unless the list has more dtype runs than that (a bucket never mixes
-    dtypes). Empty input gives no buckets.
-    """
-    check_count(max_splits, "max_splits")
-    if len(sizes) != len(dtypes):
-        raise ValueError("sizes and dtypes differ in length")
-    if not sizes:
-        return []
-    runs = _dtype_runs(dtypes)
-    budget = max(max_splits, len(runs))
-    run_bytes = [sum(sizes[i] for i in run) for run in runs]
-    total = float(sum(run_bytes)) or 1.0
-    extra = budget - len(runs)
-    shares = [1 + int(extra * b / total) for b in run_bytes]
-    for index in sorted(range(len(runs)), key=lambda i: -run_bytes[i])[:budget - sum(shares)]:
-        shares[index] += 1
-    buckets = []
-    for run, share in zip(runs, shares):
-        buckets.extend(_cut(run, sizes, min(share, len(run))))
-    return buckets
-
-
-def _dtype_runs(dtypes):
-    runs = []
-    for index, dtype in enumerate(dtypes):
-        if runs and dtypes[runs[-1][-1]] == dtype:
-            runs[-1].append(index)
-        else:
-            runs.append([index])
-    return runs
-
-
-def _cut(run, sizes, parts):
-    """Split one dtype run into ``parts`` contiguous pieces of about equal bytes."""
-    target = sum(sizes[i] for i in run) / float(parts)
-    pieces, current, filled = [], [], 0.0
-    for position, index in enumerate(run):
-        current.append(index)
-        filled += sizes[index]
-        left_items = len(run) - position - 1
-        left_pieces = parts - len(pieces) - 1
-        if left_pieces > 0 and (filled >= target or left_items == left_pieces):
-            pieces.append(current)
-            current, filled = [], 0.0
-    if current:
-        pieces.append(current)
-    return pieces
 
 
 def pack(tensors):

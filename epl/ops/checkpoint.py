@@ -25,8 +25,7 @@ import weakref
 
 from epl import tf_adapter
 from epl.ops.shards import shard_bounds
-from epl.parallel.context import SYNC
-from epl.parallel.passes import LOWER, Pass
+from epl.protocols.passes import LOWER, SYNC, Pass
 from epl.tf_adapter import tf
 
 _SAVERS = weakref.WeakKeyDictionary()    # tf.Graph -> WeakSet of savers

@@ -20,7 +20,7 @@ import sys
 from epl import tf_adapter
 from epl.ops import dense, experts, losses, metrics, seeds
 from epl.ops.state import is_replica_level, is_sharded, shard_info, split_width, state
-from epl.parallel.hooks import Patch
+from epl.protocols.hooks import Patch
 from epl.tf_adapter import tf
 
 

@@ -10,8 +10,7 @@ instead of copying copy 0's.
 from epl.ir.phase import Phase
 from epl.ops import intents
 from epl.ops.state import state
-from epl.parallel.context import LAYERS
-from epl.parallel.passes import MODEL, Pass
+from epl.protocols.passes import LAYERS, MODEL, Pass
 from epl.tf_adapter import tf
 
 

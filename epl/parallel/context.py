@@ -8,13 +8,8 @@ never makes up a group.
 from epl import tf_adapter
 from epl.communicators import Communicator, KeyRegistry
 from epl.parallel.program import ParallelProgram
+from epl.protocols.passes import GRADIENTS, INPUT, LAYERS, OUTPUTS, SYNC  # noqa: F401
 from epl.runtime import optimizers
-
-# Communicators over one group, one per purpose: the collectives of one purpose
-# are ordered on a ring member, and a fetch of a merged loss must not wait for
-# the gradient all-reduce (or drag it into a loss-only run). INPUT: the end-of-input
-# agreement of every step (epl.parallel.passes.end_of_input).
-GRADIENTS, OUTPUTS, SYNC, LAYERS, INPUT = "grads", "outputs", "sync", "layers", "input"
 
 
 def sharded_variable_names(view):

@@ -27,7 +27,7 @@ import time
 import weakref
 
 from epl import tf_adapter
-from epl.parallel.hooks import Patch
+from epl.protocols.hooks import Patch
 from epl.session import roles
 
 LOG = logging.getLogger("epl")

@@ -21,7 +21,7 @@ Reductions:
 """
 import collections
 
-from epl.communicators.fusion import plan_buckets
+from epl.buckets import plan_buckets
 from epl.parallel.mesh import Group
 
 ALL_REDUCE, ALL_GATHER, ACCUMULATED_SPARSE, LOCAL, REDUCE_SCATTER = (

@@ -19,7 +19,7 @@ from epl.ir.graph import Graph
 from epl.ir.phase import Phase
 from epl.ir.records import ApplyCall, GradientCall, as_list
 from epl.parallel import step_check
-from epl.parallel.hooks import Patch
+from epl.protocols.hooks import Patch
 from epl.runtime import build_time, optimizers
 from epl.strategies.context import get_context
 
@@ -120,7 +120,8 @@ def _wrap_apply_gradients(original, provider):
             self, [(g, v) for g, v in pairs if g is not None],
             bound.arguments.get("global_step"), bound.arguments.get("name")))
         with view.phase_scope(Phase.APPLY):
-            return build_time.apply(view, provider().config, original, bound)
+            env = provider()
+            return build_time.apply(view, env.config, env.cluster, original, bound)
     return apply_gradients
 
 
@@ -137,7 +138,7 @@ class MethodCoverage(object):
     (an ``__init_subclass__`` hook on each base). Switching off restores every
     class exactly.
 
-    It is a patch target for the :class:`~epl.parallel.hooks.HookRegistry`: the
+    It is a patch target for the :class:`~epl.protocols.hooks.HookRegistry`: the
     registry sets ``state`` to ``"on"`` when it installs and back to ``"off"``
     when it uninstalls (``epl.reset``, ``epl.paused``)::
 

@@ -1,7 +1,7 @@
 """The HookRegistry of this process: every TF patch EPL installs."""
 from epl.ops import hooks as ops_hooks
 from epl.parallel import graph_hooks, session_hooks
-from epl.parallel.hooks import HookRegistry
+from epl.protocols.hooks import HookRegistry
 
 
 def build_registry(provider):

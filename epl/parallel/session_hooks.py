@@ -26,8 +26,8 @@ from epl import tf_adapter
 from epl.cluster.session_config import session_config
 from epl.ir.graph import Graph
 from epl.parallel import estimator, rewriter, step_check
-from epl.parallel.hooks import Patch
 from epl.parallel.plan import STAGE_FUNCTIONS
+from epl.protocols.hooks import Patch
 from epl.session import roles, serving
 from epl.session.runner import (ensure_synced, guarded, mark_initialized, mark_unsynced,
                                 restoring)

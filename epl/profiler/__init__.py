@@ -9,13 +9,38 @@
 * ``device_memory_stats(run_metadata)`` (``epl.profiler.run_metadata``): the pure
   peak computation behind the memory hook.
 
-Importing this package never imports matplotlib; only ``visualize=True`` does.
-See docs/profiler.md.
-"""
-from epl.profiler.flops import FlopsProfilerHook
-from epl.profiler.memory_profiler_hook import MemoryProfilerHook
-from epl.profiler.profiler import ProfileResult, graph_flops, profile_flops, profile_memory
-from epl.profiler.run_metadata import DeviceMemory, device_memory_stats
+* ``estimate(profile, plan, config)`` and the profiles of
+  :mod:`epl.profiler.memory_estimate`: memory per device before running, pure
+  arithmetic (``epl.estimate_memory`` is its public entry).
 
-__all__ = ["DeviceMemory", "FlopsProfilerHook", "MemoryProfilerHook", "ProfileResult",
-           "device_memory_stats", "graph_flops", "profile_flops", "profile_memory"]
+Importing this package never imports matplotlib; only ``visualize=True`` does.
+Names are loaded lazily, so the pure memory estimate (and the plan printer,
+``python -m epl.plan_cli``) do not import TensorFlow. See docs/profiler.md.
+"""
+import importlib
+
+_EXPORTS = {
+    "DeviceMemory": "epl.profiler.run_metadata",
+    "FlopsProfilerHook": "epl.profiler.flops",
+    "MemoryProfilerHook": "epl.profiler.memory_profiler_hook",
+    "ProfileResult": "epl.profiler.profiler",
+    "device_memory_stats": "epl.profiler.run_metadata",
+    "graph_flops": "epl.profiler.profiler",
+    "profile_flops": "epl.profiler.profiler",
+    "profile_memory": "epl.profiler.profiler",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError("module 'epl.profiler' has no attribute %r" % name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -103,9 +103,9 @@ def wrap_gradients(compute, view, config):
     return amp_gradients
 
 
-def wrap_apply(call, view, config):
+def wrap_apply(call, view, config, cluster):
     """``apply_gradients`` that applies only finite steps and updates the loss scale."""
-    del config
+    del config, cluster
 
     def amp_apply(bound):
         pairs_name = list(bound.signature.parameters)[1]

@@ -4,7 +4,7 @@
 (epl/parallel/graph_hooks.py), which call :func:`gradients` and :func:`apply`
 here. Each saver that must act while the user builds the step is a module with
 ``applies(config)`` and ``wrap_gradients(compute, view, config)`` and/or
-``wrap_apply(call, view, config)``: it receives the next step of the chain
+``wrap_apply(call, view, config, cluster)``: it receives the next step of the chain
 (``compute(bound)`` / ``call(bound)``, ``bound`` being the call's
 ``inspect.BoundArguments``) and returns its own. Modules are imported only when
 their keys are set, so an unused saver costs nothing.
@@ -52,11 +52,12 @@ def gradients(view, config, original, bound):
     return compute(bound)
 
 
-def apply(view, config, original, bound):
-    """``apply_gradients`` for ``bound`` with every active saver's wrapping."""
+def apply(view, config, cluster, original, bound):
+    """``apply_gradients`` for ``bound`` with every active saver's wrapping; ``cluster``
+    is the worker's, for savers that divide work among workers (ZeRO)."""
     def call(arguments):
         return original(*arguments.args, **arguments.kwargs)
     if _needed(config):
         for module in reversed(_active(APPLY_SAVERS, config, "wrap_apply")):
-            call = module.wrap_apply(call, view, config)
+            call = module.wrap_apply(call, view, config, cluster)
     return call(bound)

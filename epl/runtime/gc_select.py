@@ -16,7 +16,7 @@ import math
 
 from epl.config import ConfigError
 from epl.ir.traverse import unique_ops
-from epl.parallel.passes import MODEL, Pass
+from epl.protocols.passes import MODEL, Pass
 from epl.runtime import gc_graph, graph_records
 from epl.runtime.graph_records import PerGraph
 

@@ -130,9 +130,9 @@ def unsupported_reason(optimizer):
     return None  # pragma: no cover - the base class defines it
 
 
-def wrap_apply(call, view, config):
+def wrap_apply(call, view, config, cluster):
     """Build-time saver hook (see :mod:`epl.runtime.build_time`)."""
-    del view
+    del view, cluster
     count = config.optimizer.num_apply_group
 
     def apply(bound):

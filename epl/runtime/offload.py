@@ -46,8 +46,8 @@ just-in-time identities (``roles.cloned``, ``roles.step``).
 from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.ir.traverse import ancestor_ops, control_flow_interior
-from epl.parallel.passes import REPLICATE, Pass
-from epl.parallel.roles import initializers_of
+from epl.protocols.passes import REPLICATE, Pass
+from epl.ir.roles import initializers_of
 from epl.tf_adapter import tf
 
 OFFLOAD_SCOPE = "EPL_OFFLOAD"

@@ -27,9 +27,8 @@ import collections
 from epl import tf_adapter
 from epl.communicators.reducer import GradientReducer
 from epl.ir.phase import Phase
-from epl.parallel.context import SYNC
-from epl.parallel.passes import LOWER, Pass
-from epl.parallel.roles import VARIABLE_TYPES
+from epl.protocols.passes import LOWER, SYNC, Pass
+from epl.ir.roles import VARIABLE_TYPES
 from epl.runtime.zero_checkpoint import checkpoint_refusal, describe_remote_slots  # noqa: F401
 from epl.runtime.zero_error import ZeroError  # noqa: F401  (raised here, caught by users)
 from epl.session import roles
@@ -80,11 +79,6 @@ def _check(view, config, cluster):
                         "the layout." % (config.zero.level, "; ".join(reasons)))
 
 
-def _cluster(view):
-    from epl.env import Env  # the Env that is building this graph (public boundary)
-    return (view.owner or Env.get()).cluster
-
-
 def _nbytes(var):
     shape = var.shape
     if not shape.is_fully_defined():
@@ -93,10 +87,9 @@ def _nbytes(var):
     return shape.num_elements() * var.dtype.base_dtype.size
 
 
-def wrap_apply(call, view, config):
+def wrap_apply(call, view, config, cluster):
     """Run the optimizer for this worker's variables only, behind a barrier."""
     def apply(bound):
-        cluster = _cluster(view)
         _check(view, config, cluster)
         pairs_arg = list(bound.arguments)[1]
         pairs = [(g, v) for g, v in bound.arguments[pairs_arg] if g is not None]

@@ -35,7 +35,7 @@ import threading
 
 from epl import tf_adapter
 from epl.ops import checkpoint
-from epl.parallel.passes import LOWER, Pass
+from epl.protocols.passes import LOWER, Pass
 from epl.runtime.zero_error import ZeroError
 from epl.tf_adapter import tf
 

@@ -7,8 +7,7 @@ import epl
 from epl.cluster import Cluster
 from epl.parallel import rewriter
 from epl.ir.phase import Phase
-from epl.parallel.context import LAYERS
-from epl.parallel.passes import MODEL, Pass, PassOrderError, check_order, describe
+from epl.protocols.passes import LAYERS, MODEL, Pass, PassOrderError, check_order, describe
 from epl.parallel.passes.classify import ClassifyRoles
 from epl.parallel.passes.gradients import GradientAggregation
 from epl.parallel.passes.placement import Placement

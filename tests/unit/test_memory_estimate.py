@@ -1,4 +1,4 @@
-"""Memory estimate (epl/runtime/memory_estimate.py): pure arithmetic over profiles and plans.
+"""Memory estimate (epl/profiler/memory_estimate.py): pure arithmetic over profiles and plans.
 
 No TF session: profiles are built by hand or from the transformer formula, plans on
 simulated clusters.
@@ -7,10 +7,10 @@ import pytest
 
 from epl.cluster import Cluster
 from epl.config import Config
-from epl.parallel import plan as plan_module
+from epl import plan_cli
 from epl.parallel.plan import TaskGraphSpec, make_plan
-from epl.runtime import memory_estimate as me
-from epl.runtime.memory_estimate import Activation, Profile, Variable
+from epl.profiler import memory_estimate as me
+from epl.profiler.memory_estimate import Activation, Profile, Variable
 
 MB = 1 << 20
 SIZES = dict(layers=12, hidden=256, heads=4, seq=64, intermediate=1024, vocab=2000, batch=16)
@@ -211,9 +211,9 @@ def test_estimate_prints_and_serializes():
 
 def test_plan_cli_prints_the_memory_estimate(capsys):
     sizes = ",".join("%s=%d" % kv for kv in SIZES.items())
-    assert plan_module.main(["--workers", "2", "--memory", sizes, "zero.level=v1"]) == 0
+    assert plan_cli.main(["--workers", "2", "--memory", sizes, "zero.level=v1"]) == 0
     out = capsys.readouterr().out
     assert "Memory estimate per device" in out and "zero:v1" in out
     with pytest.raises(SystemExit):
-        plan_module.main(["--memory", "layers=2"])
+        plan_cli.main(["--memory", "layers=2"])
     assert "--memory: model sizes miss" in capsys.readouterr().err

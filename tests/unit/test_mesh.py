@@ -101,7 +101,7 @@ def test_pipeline_replicas_are_built_by_their_driver():
 
 
 def test_plan_cli_lists_groups_and_copies(capsys):
-    from epl.parallel.plan import main
+    from epl.plan_cli import main
     assert main(["--workers", "2", "--devices", "4", "--taskgraphs", "replicate:4,split:4",
                  "cluster.colocate_split_and_replicate=true"]) == 0
     out = capsys.readouterr().out

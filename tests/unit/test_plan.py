@@ -105,7 +105,7 @@ def test_512_devices_four_stages():
 
 
 def test_plan_cli_prints_the_plan(capsys):
-    from epl.parallel.plan import main
+    from epl.plan_cli import main
     assert main(["--workers", "2", "--devices", "1", "--taskgraphs",
                  "replicate:1,replicate:1", "pipeline.num_micro_batch=4"]) == 0
     out = capsys.readouterr().out

@@ -35,7 +35,7 @@ from epl.ir.traverse import ancestor_ops
 from epl.parallel import partition as partition_lib
 from epl.parallel.passes import MODEL, Pass
 from epl.parallel.plan import PlanError
-from epl.parallel.roles import GET_NEXT_TYPES, PLACEHOLDER_TYPES
+from epl.ir.roles import GET_NEXT_TYPES, PLACEHOLDER_TYPES
 from epl.strategies.base import Replicate
 from epl.strategies.context import StrategyError
 

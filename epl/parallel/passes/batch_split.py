@@ -14,7 +14,7 @@ as the original EPL did, and EPL says so once, loudly.
 import logging
 
 from epl.parallel.passes import REPLICATE, Pass
-from epl.parallel.roles import GET_NEXT_TYPES
+from epl.ir.roles import GET_NEXT_TYPES
 from epl.tf_adapter import tf
 
 LOG = logging.getLogger("epl")

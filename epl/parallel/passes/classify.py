@@ -1,6 +1,6 @@
 """Role classification as a pass: which ops are cloned per copy, which are shared."""
 from epl.parallel.passes import CLASSIFY, Pass
-from epl.parallel.roles import classify
+from epl.ir.roles import classify
 
 
 class ClassifyRoles(Pass):

@@ -34,7 +34,7 @@ from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.parallel.context import INPUT
 from epl.parallel.passes import LOWER, Pass
-from epl.parallel.roles import GET_NEXT_TYPES
+from epl.ir.roles import GET_NEXT_TYPES
 from epl.tf_adapter import tf
 
 LOG = logging.getLogger("epl")

@@ -1,7 +1,7 @@
 """Deterministic input: pulls from a shared iterator happen in a fixed order."""
 from epl import tf_adapter
 from epl.parallel.passes import REPLICATE, Pass
-from epl.parallel.roles import GET_NEXT_TYPES
+from epl.ir.roles import GET_NEXT_TYPES
 
 
 class InputOrder(Pass):

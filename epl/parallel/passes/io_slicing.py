@@ -20,7 +20,7 @@ share (dealt by :mod:`epl.parallel.file_shards`):
 Shares are per *worker* among the plan's drivers (the workers that build
 model copies and so read input), in proportion to the model replicas each
 drives: the copies on one worker pull from one shared iterator (see
-:func:`epl.parallel.roles.input_pipeline_ops`), so they share the worker's
+:func:`epl.ir.roles.input_pipeline_ops`), so they share the worker's
 files. Workers that only serve devices of another worker's pipeline read
 nothing and get no share.
 """

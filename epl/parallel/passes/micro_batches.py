@@ -6,7 +6,7 @@ from epl.parallel.clone import Cloner
 from epl.parallel.gates import gradient_gates
 from epl.parallel.passes import REPLICATE, Pass
 from epl.parallel.plan import UNROLLED
-from epl.parallel.roles import is_variable
+from epl.ir.roles import is_variable
 
 MICRO_BATCH_PREFIX = "EPL_MICRO_BATCH_%d"
 

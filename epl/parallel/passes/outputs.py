@@ -3,7 +3,7 @@ from epl.communicators import as_rank1
 from epl.ir.collections import GraphKeys
 from epl.parallel.context import OUTPUTS
 from epl.parallel.passes import LOWER, Pass
-from epl.parallel.roles import is_summary
+from epl.ir.roles import is_summary
 from epl.tf_adapter import tf
 
 

@@ -30,7 +30,7 @@ from epl.parallel.passes.gradients import training_items
 from epl.parallel.passes.micro_batches import constant_expressions, micro_batch_candidates
 from epl.parallel.passes.stage_calls import StageCalls, build_calls
 from epl.parallel.plan import STAGE_FUNCTIONS, split_reason
-from epl.parallel.roles import GET_NEXT_TYPES, PLACEHOLDER_TYPES, step_roots
+from epl.ir.roles import GET_NEXT_TYPES, PLACEHOLDER_TYPES, step_roots
 from epl.parallel.stage_partition import BACKWARD, FORWARD, partition
 from epl.tf_adapter import tf
 

@@ -3,7 +3,7 @@ from epl import tf_adapter
 from epl.parallel.context import SYNC
 from epl.ops.shards import shard_shape
 from epl.parallel.passes import LOWER, Pass
-from epl.parallel.roles import initializers_of
+from epl.ir.roles import initializers_of
 from epl.tf_adapter import tf
 
 

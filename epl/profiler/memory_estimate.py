@@ -19,6 +19,8 @@ owned slots) already show in a graph built with them; ``profile_from_graph`` rea
 them. Rewrite-time savers (offload, grouped apply, ZeRO's partition of the slots,
 gradient accumulation buffers) are applied by ``estimate``.
 
+``epl.estimate_memory()`` estimates the step built in the default graph.
+
 Example::
 
     plan = make_plan(Config(), Cluster(devices_per_worker=2), [TaskGraphSpec("tg", "replicate", 1)])
@@ -572,30 +574,19 @@ def _init_only(ops):
     return inits
 
 
-# ---- public entry ---------------------------------------------------------------------------
-def estimate_memory(graph=None, batch_size=None, config=None, cluster=None):
-    """Expected bytes per device of the training step built in ``graph`` (default: the
-    default graph) under EPL's plan, with every saver of ``config`` (default: the
-    ``epl.init`` one) applied. Call it after building the step, before running it::
-
-        est = epl.estimate_memory()
-        print(est)                       # one row per device
-        est.devices[device].total        # bytes; est.to_dict() for JSON
+# ---- the estimate of a built graph ---------------------------------------------------------
+def estimate_graph(view, config, cluster=None, batch_size=None):
+    """Expected bytes per device of the training step built in the EPL graph ``view``
+    under the plan of ``config`` on ``cluster`` (None: the view's cluster), with every
+    saver of ``config`` applied. ``epl.estimate_memory`` (:mod:`epl.env`) is the public
+    entry: it finds the graph and the Env's config.
 
     ``batch_size`` fills unknown batch dimensions of placeholders and iterators."""
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise MemoryEstimateError("batch_size must be a positive int, got %r" % (batch_size,))
-    from epl.env import Env  # public boundary: the Env that built the graph
-    from epl.ir import Graph
-    from epl.tf_adapter import tf
-    tf_graph = graph if graph is not None else tf.get_default_graph()
-    view = Graph.get(tf_graph, create=False)
     if view is None or not view.live_taskgraphs():
         raise MemoryEstimateError("this graph has no EPL TaskGraphs: call epl.init() and "
                                   "build the model (under epl.replicate/split) first")
-    env = view.owner or Env.get()
-    config = config if config is not None else env.config
-    placed = view.placement(cluster)
-    plan, index = placed
-    profile = profile_from_graph(view, tf_graph, index, batch_size)
+    plan, index = view.placement(cluster)
+    profile = profile_from_graph(view, view.tf_graph, index, batch_size)
     return estimate(profile, plan, config)

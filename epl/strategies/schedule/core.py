@@ -1,29 +1,12 @@
-"""Pipeline schedules as data: the order in which each stage runs its micro-batches.
+"""The core of pipeline schedules: actions, schedules, strategies, simulation, validation.
 
-A pipeline of ``S`` stages runs ``M`` micro-batches per step. Stage ``s`` runs a
-forward ``F(s, m)`` and a backward ``B(s, m)`` for every micro-batch ``m``. The data
-dependencies are fixed by the model; the only freedom is the ORDER in which each stage
-runs its ``2M`` actions, and that order alone decides the idle time (the "bubble") and the
-activation memory. So a schedule is nothing more than that order, one tuple per stage.
-
-Keeping it as plain, immutable data (no TensorFlow here) means a schedule can be printed,
-diffed against golden files, simulated and validated before EPL lowers it into control
-dependencies, and a broken order is reported as a readable grid instead of a hung step.
-
-Example::
-
-    from epl.strategies import schedule
-    sched = schedule.get_schedule("PreferBackward", num_stages=4, num_micro_batch=8)
-    schedule.validate(sched)     # raises ScheduleError with a marked grid if broken
-    print(sched)                 # the simulated time-slot grid
-    schedule.save_png(sched, "1f1b.png")
-
-Command line: ``python -m epl.strategies.schedule --stages 4 --micro-batches 8``.
+Plain, immutable data, no TensorFlow (see :mod:`epl.strategies.schedule` for the
+why and an example). Pictures and the command line are
+:mod:`epl.strategies.schedule.picture`, which builds on this module.
 """
 import collections
 import fractions
 import re
-import sys
 
 from epl.checks import check_count, is_count
 
@@ -483,21 +466,3 @@ def validate(schedule):
 def _fail(schedule, mark, message):
     raise ScheduleError("invalid pipeline schedule %r: %s\n\n%s\n(offending action marked "
                         "[like this])" % (schedule.name, message, to_grid(schedule, mark)))
-
-
-# --------------------------------------------------------------------------- picture, CLI
-
-def save_png(schedule, path):
-    """Draw the simulated grid to a PNG; see :mod:`epl.strategies.schedule_picture`."""
-    from epl.strategies import schedule_picture
-    return schedule_picture.save_png(schedule, path)
-
-
-def main(argv=None):
-    """``python -m epl.strategies.schedule``; see :mod:`epl.strategies.schedule_picture`."""
-    from epl.strategies import schedule_picture
-    return schedule_picture.main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

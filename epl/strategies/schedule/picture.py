@@ -6,9 +6,9 @@ imports nothing heavy; matplotlib is imported only when a PNG is drawn.
 import argparse
 import sys
 
-from epl.strategies.schedule import (BACKWARD, FORWARD, PREFER_BACKWARD, ScheduleError,
-                                     bubble_fraction, get_schedule, simulate, to_grid,
-                                     validate)
+from epl.strategies.schedule.core import (BACKWARD, FORWARD, PREFER_BACKWARD, ScheduleError,
+                                          bubble_fraction, get_schedule, simulate, to_grid,
+                                          validate)
 
 _COLOURS = {FORWARD: "#8ecae6", BACKWARD: "#f4a261"}
 
