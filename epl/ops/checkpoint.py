@@ -135,8 +135,8 @@ class ShardedCheckpoints(Pass):
 
     name = "sharded_checkpoints"
     phase = LOWER
-    reads = ("sharded variables", "copies", "the graph's savers")
-    writes = ("savers' save and restore ops",)
+    reads = ("view", "cluster", "plan", "copies", "instances", "dropped")
+    writes = ("graph",)
 
     def applies(self, ctx):
         return bool(ctx.sharded_variables)

@@ -23,8 +23,8 @@ class SplitLowering(Pass):
 
     name = "split_lowering"
     phase = MODEL
-    reads = ("IR layer intents", "plan split groups", "copies")
-    writes = ("split collectives of copy 0", "specializations for the other copies")
+    reads = ("view", "config", "cluster", "plan", "copies")
+    writes = ("graph", "communicators")
 
     def applies(self, ctx):
         return bool(ctx.view.layer_collectives)

@@ -5,11 +5,44 @@ their results in the ParallelProgram. Communication groups come from the plan
 (:mod:`epl.parallel.mesh`); a pass asks ``ctx.communicator(group, purpose)`` and
 never makes up a group.
 """
+import collections
+
 from epl import tf_adapter
 from epl.communicators import Communicator, KeyRegistry
 from epl.parallel.program import ParallelProgram
 from epl.protocols.passes import GRADIENTS, INPUT, LAYERS, OUTPUTS, SYNC  # noqa: F401
 from epl.runtime import optimizers
+
+
+# What a pass declares in ``reads`` and ``writes``: fields of the RewriteContext and of
+# its ParallelProgram (``program.<field>``). tests/graph/test_pass_contracts.py runs the
+# passes on representative graphs and checks that each touches only what it declares.
+FIELDS = collections.OrderedDict([
+    ("graph", "the tf.Graph: ops, inputs, devices, attributes, functions (every pass "
+              "reads it; a pass that changes it declares it)"),
+    ("view", "the IR: op table, build-time records, collections, per-graph feature state"),
+    ("config", "the epl.Config"),
+    ("cluster", "this worker's Cluster"),
+    ("plan", "the plan: devices, groups, schedule, micro-batching"),
+    ("worker", "this worker's index"),
+    ("copies", "this worker's Copy records"),
+    ("num_micro_batch", "micro-batches the plan unrolls or calls"),
+    ("roles", "cloned, shared, variables, step, init-only and pinned ops"),
+    ("instances", "{(copy, micro_batch): {user op name: its op}}"),
+    ("aliases", "{(copy, micro_batch): {forwarding op name: the tensor it forwards}}"),
+    ("gates", "{(copy, micro_batch): {forwarding op name: ops to wait for}}"),
+    ("dropped", "{(copy, micro_batch): names of user ops the copy has no op for}"),
+    ("shared_constants", "constant expressions every micro-batch shares"),
+    ("micro_batching", "the stage functions' record (partition, bodies, calls, sums)"),
+    ("communicators", "the collective groups built so far and their keys"),
+    ("epl_variables", "EPL's own state, initialized by the sync op"),
+    ("split_inputs", "get-next ops whose batch the local copies split"),
+    ("per_run_writes", "EPL writes every run makes whatever its input"),
+] + [("program." + name, doc) for name, doc in ParallelProgram.FIELDS.items()])
+# Attributes that belong to a field under another name (a cache, a private table).
+FIELD_OF = {"tf_graph": "graph", "_sharded": "view", "keys": "communicators",
+            "_communicators": "communicators", "program.groups": "communicators",
+            "program.plan": "plan", "program.worker": "worker", "program.num_copies": "copies"}
 
 
 def sharded_variable_names(view):

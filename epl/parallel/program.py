@@ -16,6 +16,30 @@ LOG = logging.getLogger("epl")
 class ParallelProgram(object):
     """Run-time view of one parallelized graph on one worker."""
 
+    # The fields passes write (``program.<field>`` in a pass's ``writes``); the
+    # session layer reads them. variable_copies, collective_ops, timeout and the
+    # labels are filled by the core after the passes (RewriteContext.finish_program).
+    FIELDS = {
+        "extras": "{user op name: ops of the other copies to run with it}",
+        "merged": "{user tensor name: merged tensor}",
+        "merged_extras": "{user tensor name: the other copies' merge ops}",
+        "substitutes": "{user tensor name: what computes it now}",
+        "replaced_ops": "names of user ops that no longer run",
+        "sync_op": "the broadcast of replica 0's variables",
+        "setup_op": "EPL state and collective set-up run after the initializers",
+        "linked_init": "the user's initializers also set the local copies",
+        "init_check": "are the user's variables initialized?",
+        "after_sync": "callables run once after each sync",
+        "schedule": "the pipeline Schedule imposed",
+        "boundaries": "per copy, entrance and exit ops of each action",
+        "gradient_plans": "per copy, the GradientPlan that was lowered",
+        "variable_copies": "{user variable: its op in each copy}",
+        "collective_ops": "{collective op name: group name}",
+        "timeout": "communication.timeout",
+        "worker_label": "this worker's name in messages",
+        "peer_hosts": "the other workers of our groups",
+    }
+
     def __init__(self, plan, worker, num_copies):
         self.plan = plan
         self.worker = worker

@@ -5,14 +5,16 @@ classify, replicate, lower; see :mod:`epl.parallel.passes`); each one is small
 and owns one transformation. ``parallelize`` is idempotent: a graph is
 rewritten once, when it is finalized (MonitoredTrainingSession, Estimator) or
 at its first ``session.run`` (plain ``tf.Session``), whichever comes first.
-``python -m epl.parallel.rewriter`` prints the pass list.
+``python -m epl.parallel.rewriter`` prints the pass list; ``--markdown`` prints the
+pass table of docs/design.md (a test checks that the docs show the current one).
 """
 import logging
+import sys
 
 from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.parallel import step_check
-from epl.parallel.context import RewriteContext
+from epl.parallel.context import FIELDS, RewriteContext
 from epl.parallel.passes import check_order, describe
 from epl.parallel.passes.auto_stages import AutoStages, partition_stages
 from epl.parallel.passes.batch_split import BatchSplit
@@ -155,5 +157,19 @@ def _check_supported(plan, cluster):
                          "devices (see epl.session.serving)" % cluster.worker_index)
 
 
+def markdown_table(passes=PASSES):
+    """The pass table of docs/design.md: phase, pass, what it reads and writes of the
+    rewrite context (:data:`epl.parallel.context.FIELDS`), from the passes' declarations."""
+    code = lambda names: ", ".join("`%s`" % n for n in names) or "-"
+    rows = ["| Phase | Pass | Reads | Writes |", "|---|---|---|---|"]
+    for rewrite_pass in passes:
+        rows.append("| %s | `%s` | %s | %s |" % (rewrite_pass.phase, rewrite_pass.name,
+                                                 code(rewrite_pass.reads),
+                                                 code(rewrite_pass.writes)))
+    rows += ["", "| Field | What |", "|---|---|"]
+    rows += ["| `%s` | %s |" % (name, doc.replace("|", "\\|")) for name, doc in FIELDS.items()]
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
-    print(describe(PASSES))
+    print(markdown_table() if sys.argv[1:] == ["--markdown"] else describe(PASSES))

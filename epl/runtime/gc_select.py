@@ -100,7 +100,7 @@ class UnusedCheckpoints(Pass):
 
     name = "unused_checkpoints"
     phase = MODEL
-    reads = ("checkpoints collection", "collection entries used by gradient calls")
+    reads = ("view",)
     writes = ()
 
     def applies(self, ctx):

@@ -62,9 +62,8 @@ class Offload(Pass):
 
     name = "offload"
     phase = REPLICATE
-    reads = ("roles", "IR phases", "colocation")
-    writes = ("host devices of variable and apply ops", "roles.pinned",
-              "just-in-time reads (roles.cloned, roles.step)")
+    reads = ("view", "cluster")
+    writes = ("graph", "roles")
 
     def applies(self, ctx):
         return ctx.config.offload.level == "v0"

@@ -127,8 +127,8 @@ class ZeroSync(Pass):
 
     name = "zero_sync"
     phase = LOWER
-    reads = ("ZeRO record", "gradient collectives", "plan groups")
-    writes = ("the sum of updated variables", "barrier control inputs")
+    reads = ("view", "config", "cluster", "plan", "copies")
+    writes = ("graph", "communicators")
 
     def applies(self, ctx):
         return getattr(ctx.view, "zero", None) is not None

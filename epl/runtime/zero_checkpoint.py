@@ -107,8 +107,8 @@ class ZeroCheckpoints(Pass):
 
     name = "zero_checkpoints"
     phase = LOWER
-    reads = ("ZeRO record (remote slot templates)", "the graph's savers", "plan host group")
-    writes = ("savers' save and remote restore ops (worker 0)", "program.after_sync barrier")
+    reads = ("view", "config", "cluster", "plan")
+    writes = ("graph", "communicators", "program.after_sync")
 
     def applies(self, ctx):
         record = getattr(ctx.view, "zero", None)

@@ -266,7 +266,7 @@ class AutoStages(Pass):
 
     name = "auto_stages"
     phase = MODEL
-    reads = ("auto_partition", "IR op table", "plan stages")
+    reads = ("view", "config", "plan")
     writes = ()
 
     def applies(self, ctx):

@@ -30,8 +30,8 @@ class BatchSplit(Pass):
 
     name = "batch_split"
     phase = REPLICATE
-    reads = ("roles", "copies", "instances")
-    writes = ("input rewiring", "split_inputs")
+    reads = ("cluster", "copies", "roles", "instances", "dropped")
+    writes = ("graph", "split_inputs")
 
     def applies(self, ctx):
         return any(len(members) > 1 for _, members in ctx.readers())

@@ -10,7 +10,7 @@ class ClassifyRoles(Pass):
 
     name = "classify_roles"
     phase = CLASSIFY
-    reads = ("IR op table",)
+    reads = ("view",)
     writes = ("roles",)
 
     def run(self, ctx):

@@ -51,9 +51,9 @@ class EndOfInput(Pass):
 
     name = "end_of_input"
     phase = LOWER
-    reads = ("roles", "copies", "instances", "plan host group", "per_run_writes")
-    writes = ("guarded pulls", "input agreement collective", "program.substitutes",
-              "program.extras")
+    reads = ("view", "config", "cluster", "plan", "copies", "num_micro_batch", "roles", "instances",
+             "dropped", "per_run_writes")
+    writes = ("graph", "communicators", "program.extras", "program.substitutes")
 
     def applies(self, ctx):
         if not ctx.view.has_training_step:

@@ -42,10 +42,9 @@ class GradientAggregation(Pass):
 
     name = "gradient_aggregation"
     phase = LOWER
-    reads = ("apply and gradient records", "copies", "instances", "aliases", "gates",
-             "plan groups")
-    writes = ("collectives", "accumulators", "rewired gradient consumers",
-              "program.gradient_plans")
+    reads = ("view", "config", "cluster", "plan", "copies", "num_micro_batch", "aliases", "gates",
+             "micro_batching")
+    writes = ("graph", "communicators", "epl_variables", "per_run_writes", "program.gradient_plans")
 
     def applies(self, ctx):
         return ctx.view.has_training_step

@@ -17,8 +17,8 @@ class InputOrder(Pass):
 
     name = "input_order"
     phase = REPLICATE
-    reads = ("roles", "copies", "instances", "split_inputs")
-    writes = ("control edges between pulls",)
+    reads = ("copies", "num_micro_batch", "roles", "instances", "dropped", "split_inputs")
+    writes = ("graph",)
 
     def applies(self, ctx):
         return len(ctx.copies) > 1 or ctx.num_micro_batch > 1

@@ -47,10 +47,8 @@ class IOSlicing(Pass):
 
     name = "io_slicing"
     phase = MODEL
-    reads = ("config io.*", "plan drivers and their replicas", "worker",
-             "input pipelines (main graph and one-shot dataset factories)")
-    writes = ("file lists: constants of this worker's files or run-time shard steps",
-              "one-shot iterators' dataset_factory")
+    reads = ("config", "plan", "worker")
+    writes = ("graph",)
 
     def applies(self, ctx):
         # The two flags alone are refused in run(), never ignored.

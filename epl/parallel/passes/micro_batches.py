@@ -23,9 +23,8 @@ class MicroBatchClone(Pass):
 
     name = "micro_batch_clone"
     phase = REPLICATE
-    reads = ("roles", "num_micro_batch")
-    writes = ("instances[(0, m)]", "aliases", "gates", "dropped", "shared_constants",
-              "IR clones")
+    reads = ("view", "num_micro_batch", "roles")
+    writes = ("graph", "instances", "aliases", "gates", "dropped", "shared_constants")
 
     def applies(self, ctx):
         return ctx.num_micro_batch > 1 and ctx.plan.micro_batching[0] == UNROLLED

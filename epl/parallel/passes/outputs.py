@@ -29,8 +29,9 @@ class MergedOutputs(Pass):
 
     name = "merged_outputs"
     phase = LOWER
-    reads = ("IR collections", "copies", "instances", "plan groups")
-    writes = ("program.merged", "program.merged_extras", "summary rewiring")
+    reads = ("view", "config", "cluster", "plan", "copies", "num_micro_batch", "instances",
+             "aliases", "dropped", "micro_batching")
+    writes = ("graph", "communicators", "program.merged", "program.merged_extras")
 
     def applies(self, ctx):
         return any(ctx.view.collections.values())

@@ -28,8 +28,9 @@ class ScheduleLowering(Pass):
 
     name = "schedule_lowering"
     phase = LOWER
-    reads = ("plan.schedule", "apply records", "instances")
-    writes = ("stage barriers", "program.schedule", "program.boundaries")
+    reads = ("view", "plan", "copies", "num_micro_batch", "aliases", "shared_constants",
+             "micro_batching")
+    writes = ("graph", "program.schedule", "program.boundaries")
 
     def applies(self, ctx):
         return ctx.plan.pipeline

@@ -14,8 +14,8 @@ class Placement(Pass):
 
     name = "placement"
     phase = REPLICATE
-    reads = ("roles", "plan devices")
-    writes = ("devices of copy 0 and shared ops",)
+    reads = ("view", "cluster", "copies", "roles")
+    writes = ("graph",)
 
     def run(self, ctx):
         for op in ctx.roles.cloned:

@@ -19,9 +19,9 @@ class ReplicaClone(Pass):
 
     name = "replica_clone"
     phase = REPLICATE
-    reads = ("roles", "copies", "instances")
-    writes = ("instances[(c, m)]", "aliases", "gates", "dropped", "IR clones",
-              "program.extras")
+    reads = ("view", "cluster", "plan", "copies", "num_micro_batch", "roles", "micro_batching",
+             "communicators")
+    writes = ("graph", "instances", "aliases", "gates", "dropped", "program.extras")
 
     def applies(self, ctx):
         return len(ctx.copies) > 1

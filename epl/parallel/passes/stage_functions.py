@@ -67,8 +67,8 @@ class StageFunctionBodies(Pass):
 
     name = "stage_function_bodies"
     phase = REPLICATE
-    reads = ("roles", "plan.micro_batching", "apply records")
-    writes = ("stage functions", "micro_batching (the partition and the functions)")
+    reads = ("view", "config", "num_micro_batch", "roles")
+    writes = ("graph", "micro_batching")
 
     def applies(self, ctx):
         return (ctx.plan.micro_batching is not None
@@ -100,9 +100,8 @@ class StageFunctionCalls(Pass):
 
     name = "stage_function_calls"
     phase = REPLICATE
-    reads = ("micro_batching", "copies", "instances")
-    writes = ("calls per copy and micro-batch", "micro_batching (tensors, gradient sums)",
-              "instances[(c, m)] of residual ops", "program.substitutes", "program.extras")
+    reads = ("view", "cluster", "copies", "num_micro_batch", "aliases", "dropped", "micro_batching")
+    writes = ("graph", "instances", "program.extras", "program.substitutes", "program.replaced_ops")
 
     def applies(self, ctx):
         return isinstance(ctx.micro_batching, StageCalls)

@@ -14,8 +14,8 @@ class SharedStepDependencies(Pass):
 
     name = "shared_step_dependencies"
     phase = LOWER
-    reads = ("roles.global_step", "copies", "instances")
-    writes = ("control edges on the step increment",)
+    reads = ("view", "copies", "roles", "instances", "dropped")
+    writes = ("graph",)
 
     def applies(self, ctx):
         return len(ctx.copies) > 1 and bool(ctx.roles.global_step)

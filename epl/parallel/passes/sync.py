@@ -26,9 +26,10 @@ class VariableSync(Pass):
 
     name = "variable_sync"
     phase = LOWER
-    reads = ("roles.variables", "copies", "plan sync groups", "epl_variables")
-    writes = ("program.sync_op", "program.setup_op", "program.linked_init",
-              "program.init_check", "initializers of the local copies")
+    reads = ("view", "config", "cluster", "plan", "copies", "roles", "instances", "dropped",
+             "epl_variables")
+    writes = ("graph", "communicators", "program.sync_op", "program.setup_op",
+              "program.linked_init", "program.init_check")
 
     def run(self, ctx):
         chain_shard_initializers(ctx)
