@@ -64,13 +64,10 @@ class Graph(object):
         self.apply_calls = []           # ApplyCall per optimizer.apply_gradients call
         self.collections = dict((key, []) for key in GraphKeys.ALL)
         self.specialized = {}           # op name -> builder(copy, micro_batch, inputs) -> op
-        self.zero = None                # ZeroRecord (epl.runtime.zero) once ZeRO applied
-        self.sharded_variables = {}     # variable op name -> ShardInfo (epl.ops)
-        self.layer_collectives = []     # collectives split layers asked for (epl.ops)
+        self._features = {}             # feature key -> its record (epl.ir.features)
         self.parallel = None            # the rewrite's result, once it has run
         self.rewrite_error = None       # why the rewrite failed, if it did
         self.gradient_sources = {}      # backward op name -> the forward op it differentiates
-        self.auto_partition = None      # epl.parallel.partition.Partition of auto.auto_parallel
         self._segment_taskgraph = {}
         self._unassigned = []
         self._phases = [Phase.FORWARD]
@@ -81,6 +78,34 @@ class Graph(object):
         self.recorded_ops = 0           # ops registered while EPL's hooks were active
         self.plan_cache = None          # (key, plan) of the last introspection plan
         self._adopt_existing(tf_graph)
+
+    # ---- per-graph feature state (epl.ir.features) --------------------------------
+    def feature_state(self, key, factory=None):
+        """The record feature ``key`` keeps for this graph; made by ``factory`` when
+        missing (None without a factory). Units reach it through a FeatureSlot."""
+        record = self._features.get(key)
+        if record is None and factory is not None:
+            record = self._features[key] = factory()
+        return record
+
+    def set_feature_state(self, key, record):
+        self._features[key] = record
+
+    @property
+    def auto_partition(self):
+        """The stage cut of ``auto.auto_parallel`` (a Partition), or None (public API;
+        kept by epl.parallel.passes.auto_stages under the feature key below)."""
+        return self._features.get("auto_partition")
+
+    @property
+    def zero(self):
+        """ZeRO's record (epl.runtime.zero), or None. The feature key ``zero`` is its
+        slot; this spelling remains while ZeRO reads and writes it here."""
+        return self._features.get("zero")
+
+    @zero.setter
+    def zero(self, record):
+        self._features["zero"] = record
 
     # ---- lookup --------------------------------------------------------------
     @classmethod
@@ -356,9 +381,9 @@ class Graph(object):
                 info.taskgraph = mapping[info.taskgraph]
         self._segment_taskgraph = dict((seg, mapping[index]) for seg, index
                                        in self._segment_taskgraph.items() if index in mapping)
-        for key, record in list(self.sharded_variables.items()):
-            self.sharded_variables[key] = _renumbered(record, mapping)
-        self.layer_collectives[:] = [_renumbered(r, mapping) for r in self.layer_collectives]
+        for record in self._features.values():
+            if hasattr(record, "renumber"):
+                record.renumber(mapping)
         for taskgraph in live:
             taskgraph.index = mapping[taskgraph.index]
         self.taskgraphs = live
@@ -516,14 +541,3 @@ def _virtual_device(plan, plan_index, worker, taskgraph_index):
     local = tuple(d for replica in tg_plan.devices for d in replica
                   if plan.worker_of.get(d) == worker)
     return VirtualDevice(taskgraph_index, tg_plan.name, tg_plan.devices, local)
-
-
-def _renumbered(record, mapping):
-    """``record`` with its ``taskgraph`` index renumbered, when it has one."""
-    index = getattr(record, "taskgraph", None)
-    if not isinstance(index, int) or index not in mapping:
-        return record
-    if hasattr(record, "_replace"):
-        return record._replace(taskgraph=mapping[index])
-    record.taskgraph = mapping[index]
-    return record

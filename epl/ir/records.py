@@ -8,9 +8,13 @@ gradient checkpointing, ZeRO) without re-deriving them from the graph.
 import collections
 
 
-class GradientCall(collections.namedtuple("GradientCall", ["ys", "xs", "grad_ys", "grads"])):
-    """One ``tf.gradients(ys, xs, grad_ys)`` call and the gradients it returned
-    (after ``communication.sparse_as_dense``); lists, aligned with ``xs``."""
+class GradientCall(collections.namedtuple("GradientCall", ["ys", "xs", "grad_ys", "grads",
+                                                           "stop_gradients"],
+                                          defaults=((),))):
+    """One ``tf.gradients(ys, xs, grad_ys, stop_gradients=...)`` call and the gradients
+    it returned (after ``communication.sparse_as_dense``); lists, aligned with ``xs``.
+    Build-time savers receive it with ``grads`` None and return it filled
+    (:mod:`epl.runtime.build_time`)."""
 
     __slots__ = ()
 
@@ -23,9 +27,11 @@ class GradientCall(collections.namedtuple("GradientCall", ["ys", "xs", "grad_ys"
 
 
 class ApplyCall(collections.namedtuple(
-        "ApplyCall", ["optimizer", "grads_and_vars", "global_step", "name"])):
+        "ApplyCall", ["optimizer", "grads_and_vars", "global_step", "name", "skipped"],
+        defaults=((),))):
     """One ``optimizer.apply_gradients`` call; ``grads_and_vars`` keeps only the
-    pairs with a gradient (None gradients do not train)."""
+    pairs with a gradient (None gradients do not train), ``skipped`` the others,
+    which the optimizer still receives as they came (it reports them)."""
 
     __slots__ = ()
 
@@ -35,6 +41,12 @@ class ApplyCall(collections.namedtuple(
 
     def __len__(self):
         return len(self.grads_and_vars)
+
+    def _replace(self, **changes):
+        """A copy with ``changes`` (the namedtuple's own would iterate the pairs)."""
+        values = dict(zip(self._fields, tuple.__iter__(self)))
+        values.update(changes)
+        return ApplyCall(**values)
 
     @property
     def variables(self):

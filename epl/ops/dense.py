@@ -62,7 +62,7 @@ class SplitDenseMixin(object):
         finally:
             split.creating = False
         variable.set_shape(full_shape[:axis] + [None])
-        view_of(variable.graph).sharded_variables[variable.op.name] = ShardInfo(
+        state(variable.graph).sharded_variables[variable.op.name] = ShardInfo(
             self.name, full_shape, axis, width)
         if trainable:
             self._trainable_weights.append(variable)

@@ -48,7 +48,7 @@ def expert_variable(original, scope, var_store, name, shape, dtype, initializer,
     value = shards.variable_initial_value(initializer, full_shape, 0, width, dtype, local)
     kwargs = dict(kwargs, shape=None, initializer=value, dtype=dtype)
     variable = original(scope, var_store, name, **kwargs)
-    view_of(variable.graph).sharded_variables[variable.op.name] = ShardInfo(
+    state(variable.graph).sharded_variables[variable.op.name] = ShardInfo(
         name, full_shape, 0, width)
     split.experts[variable.op.name] = width
     return variable

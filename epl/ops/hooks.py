@@ -19,7 +19,7 @@ import sys
 
 from epl import tf_adapter
 from epl.ops import dense, experts, losses, metrics, seeds
-from epl.ops.state import is_replica_level, is_sharded, shard_info, split_width, state
+from epl.ops.state import is_replica_level, is_sharded, peek, shard_info, split_width
 from epl.protocols.hooks import Patch
 from epl.tf_adapter import tf
 
@@ -40,7 +40,7 @@ def _targets(function):
 
 def _busy(tensor):
     """True inside a split implementation (its own calls are TF's)."""
-    return state(tensor.graph).active
+    return peek(tensor.graph).active
 
 
 def _wrap_build(original):

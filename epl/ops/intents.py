@@ -23,7 +23,7 @@ copy and micro-batch (``Graph.specialize``).
 """
 import collections
 
-from epl.ir.graph import Graph
+from epl.ops.state import state
 from epl.tf_adapter import tf
 
 POSITION, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL, PER_COPY = (
@@ -38,9 +38,8 @@ across workers: every worker builds the same model in the same order)."""
 
 
 def _record(kind, stand_in, inputs, width, build=None):
-    view = Graph.get(stand_in.graph)
-    view.layer_collectives.append(Intent(kind, stand_in, list(inputs), width, build,
-                                         len(view.layer_collectives)))
+    intents = state(stand_in.graph).intents
+    intents.append(Intent(kind, stand_in, list(inputs), width, build, len(intents)))
     return stand_in
 
 

@@ -9,7 +9,7 @@ instead of copying copy 0's.
 """
 from epl.ir.phase import Phase
 from epl.ops import intents
-from epl.ops.state import state
+from epl.ops.state import peek, state
 from epl.protocols.passes import LAYERS, MODEL, Pass
 from epl.tf_adapter import tf
 
@@ -27,11 +27,11 @@ class SplitLowering(Pass):
     writes = ("graph", "communicators")
 
     def applies(self, ctx):
-        return bool(ctx.view.layer_collectives)
+        return bool(peek(ctx.tf_graph).intents)
 
     def run(self, ctx):
         check_readers(ctx)
-        for intent in list(ctx.view.layer_collectives):
+        for intent in list(peek(ctx.tf_graph).intents):
             _lower(ctx, intent)
 
 

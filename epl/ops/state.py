@@ -9,8 +9,8 @@
 """
 import collections
 import contextlib
-import weakref
 
+from epl.ir.features import FeatureSlot
 from epl.ir.graph import Graph
 from epl.ir.taskgraph import SPLIT
 from epl.strategies.context import get_context
@@ -19,13 +19,13 @@ ShardInfo = collections.namedtuple("ShardInfo", ["layer", "full_shape", "axis", 
 ShardInfo.__doc__ = """A sharded variable or tensor: the layer that made it, the unsplit
 shape, the sharded axis and the number of shards."""
 
-_STATES = weakref.WeakKeyDictionary()
-
 
 class SplitState(object):
     """What the split layers of one graph built."""
 
     def __init__(self):
+        self.sharded_variables = {}  # variable op name -> ShardInfo
+        self.intents = []          # epl.ops.intents.Intent, in creation order
         self.sharded = {}          # tensor name -> ShardInfo
         self.replica_level = {}    # tensor name -> split width, for tensors covering the
         #                            replica's whole batch (gathered rows)
@@ -52,12 +52,25 @@ class SplitState(object):
         return self._depth > 0
 
 
+_SPLIT = FeatureSlot("split", SplitState)
+_NONE = SplitState()   # what a graph without split layers holds (never written)
+
+
 def state(graph):
-    """The SplitState of ``graph`` (created on first use)."""
-    found = _STATES.get(graph)
-    if found is None:
-        found = _STATES[graph] = SplitState()
-    return found
+    """The SplitState of the tf.Graph ``graph`` (created on first use)."""
+    return _SPLIT.of(Graph.get(graph))
+
+
+def peek(graph):
+    """The SplitState of ``graph`` for reading: an empty one when the graph has none
+    (function bodies, graphs EPL never saw; no EPL view is made for them)."""
+    return _SPLIT.get(Graph.get(graph, create=False)) or _NONE
+
+
+def sharded_variables(view):
+    """{variable op name: ShardInfo} of the variables split layers sharded in ``view``."""
+    found = _SPLIT.get(view)
+    return found.sharded_variables if found is not None else {}
 
 
 def split_width():
@@ -69,15 +82,15 @@ def split_width():
 
 
 def is_sharded(tensor):
-    return getattr(tensor, "name", None) in state(tensor.graph).sharded
+    return getattr(tensor, "name", None) in peek(tensor.graph).sharded
 
 
 def shard_info(tensor):
-    return state(tensor.graph).sharded.get(tensor.name)
+    return peek(tensor.graph).sharded.get(tensor.name)
 
 
 def is_replica_level(tensor):
-    return getattr(tensor, "name", None) in state(tensor.graph).replica_level
+    return getattr(tensor, "name", None) in peek(tensor.graph).replica_level
 
 
 def view_of(graph):

@@ -9,6 +9,7 @@ import collections
 
 from epl import tf_adapter
 from epl.communicators import Communicator, KeyRegistry
+from epl.ops import state as split_state
 from epl.parallel.program import ParallelProgram
 from epl.protocols.passes import GRADIENTS, INPUT, LAYERS, OUTPUTS, SYNC  # noqa: F401
 from epl.runtime import optimizers
@@ -50,19 +51,20 @@ def sharded_variable_names(view):
     slots and moving averages (sharded like their variable). Slots are found through
     the chain of wrapped optimizers (a wrapper may have no slot table), moving averages
     by their colocation and shard shape (:mod:`epl.runtime.optimizers`)."""
-    names = dict(view.sharded_variables)
+    own = split_state.sharded_variables(view)
+    names = dict(own)
     if not names:
         return names
     for call in view.apply_calls:
         for _, var in call:
-            info = view.sharded_variables.get(var.op.name)
+            info = own.get(var.op.name)
             if info is None:
                 continue
             for slot in optimizers.slot_variables(call.optimizer, var):
                 names[slot.op.name] = info
     variables = view.tf_graph.get_collection(tf_adapter.tf.GraphKeys.GLOBAL_VARIABLES)
-    for name, leader in optimizers.shard_followers(variables, view.sharded_variables).items():
-        names.setdefault(name, view.sharded_variables[leader])
+    for name, leader in optimizers.shard_followers(variables, own).items():
+        names.setdefault(name, own[leader])
     return names
 
 

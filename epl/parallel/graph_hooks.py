@@ -17,8 +17,8 @@ import weakref
 from epl import tf_adapter
 from epl.ir.graph import Graph
 from epl.ir.phase import Phase
-from epl.ir.records import ApplyCall, GradientCall, as_list
 from epl.parallel import step_check
+from epl.parallel.plan import TaskGraphSpec, make_plan
 from epl.protocols.hooks import Patch
 from epl.runtime import build_time, optimizers
 from epl.strategies.context import get_context
@@ -51,13 +51,12 @@ def _wrap_gradients(original, provider):
         if view is None:
             return original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
+        build = build_context(view, provider())
         with view.phase_scope(Phase.BACKWARD):
-            grads = build_time.gradients(view, provider().config, original, bound)
-            if provider().config.communication.sparse_as_dense:
+            grads = build_time.gradients(build, original, bound)
+            if build.config.communication.sparse_as_dense:
                 grads = [_densify(g) for g in grads]
-        view.gradient_calls.append(GradientCall(
-            as_list(bound.arguments["ys"]), as_list(bound.arguments["xs"]),
-            as_list(bound.arguments.get("grad_ys")), list(grads)))
+        view.gradient_calls.append(build_time.gradient_record(bound)._replace(grads=list(grads)))
         return grads
     return gradients_helper
 
@@ -116,13 +115,20 @@ def _wrap_apply_gradients(original, provider):
         if strategy is not None:
             step_check.mark_foreign_strategy(view, strategy, provider().cluster)
             return original(*bound.args, **bound.kwargs)
-        view.apply_calls.append(ApplyCall(
-            self, [(g, v) for g, v in pairs if g is not None],
-            bound.arguments.get("global_step"), bound.arguments.get("name")))
+        view.apply_calls.append(build_time.apply_record(bound, pairs_arg))
         with view.phase_scope(Phase.APPLY):
-            env = provider()
-            return build_time.apply(view, env.config, env.cluster, original, bound)
+            return build_time.apply(build_context(view, provider()), original, bound, pairs_arg)
     return apply_gradients
+
+
+def build_context(view, env):
+    """What build-time savers receive: the view, the Env's config and cluster, and the
+    plan of the TaskGraphs built so far (computed only if a saver asks)."""
+    def plan_of(view):
+        specs = [TaskGraphSpec(tg.name, tg.kind, tg.device_count)
+                 for tg in view.live_taskgraphs()]
+        return make_plan(env.config, env.cluster, specs)
+    return build_time.BuildContext(view, env.config, env.cluster, plan_of)
 
 
 _OFF, _ON = "off", "on"

@@ -26,13 +26,10 @@ Plugged into :mod:`epl.runtime.build_time`:
 (tests monkeypatch them). See docs/amp.md.
 """
 import collections
-import inspect
 import logging
 
 from epl import tf_adapter
-from epl.ir.graph import Graph
-from epl.ir.records import as_list
-from epl.runtime.graph_records import PerGraph
+from epl.ir.features import FeatureSlot
 from epl.runtime import amp_scale
 from epl.runtime.amp_convert import ForwardConverter
 from epl.tf_adapter import tf
@@ -57,7 +54,7 @@ class AmpState(object):
         return [pair for conversion in self.conversions for pair in conversion.converted]
 
 
-_STATES = PerGraph(AmpState)
+_STATES = FeatureSlot("amp", AmpState)
 
 
 def applies(config):
@@ -73,21 +70,22 @@ def _state(view):
     return _STATES.of(view)
 
 
-def wrap_gradients(compute, view, config):
+def wrap_gradients(compute, build):
     """``tf.gradients`` with float16 forward ops and a scaled loss."""
-    def amp_gradients(bound):
-        args = bound.arguments
-        ys = [_as_tensor(y) for y in as_list(args["ys"])]
+    view, config = build.view, build.config
+
+    def amp_gradients(call):
+        ys = [_as_tensor(y) for y in call.ys]
         _check_losses(ys)
         if tf_adapter.control_flow_context(view.tf_graph) is not None:
             LOG.warning("EPL AMP: tf.gradients called inside a while loop or cond is left "
                         "in float32 and unscaled")
-            return compute(bound)
+            return compute(call)
         amp = _state(view)
-        xs, grad_ys = as_list(args["xs"]), as_list(args.get("grad_ys"))
-        protected = set(t for t in ys + xs + grad_ys + as_list(args.get("stop_gradients"))
+        xs, grad_ys = list(call.xs), list(call.grad_ys)
+        protected = set(t for t in ys + xs + grad_ys + list(call.stop_gradients)
                         if isinstance(t, tf.Tensor))
-        device_kind = _device_kind(view)
+        device_kind = build.cluster.device_type
         converter = ForwardConverter(view, device_kind, amp.created)
         conversion = converter.convert(ys, xs, protected)
         amp.conversions.append(conversion)
@@ -95,29 +93,25 @@ def wrap_gradients(compute, view, config):
         loss_scale = _loss_scale(amp, view, ys, config)
         if config.amp.debug_log:
             _log_conversion(conversion, loss_scale)
-        scaled = inspect.BoundArguments(bound.signature, collections.OrderedDict(args))
-        scaled.arguments["grad_ys"] = loss_scale.scaled_grad_ys(ys, grad_ys)
-        grads = compute(scaled)
+        result = compute(call._replace(grad_ys=loss_scale.scaled_grad_ys(ys, grad_ys)))
         converter.recast_for_backward(conversion)
-        return loss_scale.unscale(grads)
+        return result._replace(grad_ys=call.grad_ys, grads=loss_scale.unscale(result.grads))
     return amp_gradients
 
 
-def wrap_apply(call, view, config, cluster):
+def wrap_apply(call, build):
     """``apply_gradients`` that applies only finite steps and updates the loss scale."""
-    del config, cluster
+    view = build.view
 
-    def amp_apply(bound):
-        pairs_name = list(bound.signature.parameters)[1]
-        grads = [g for g, _ in bound.arguments.get(pairs_name) or () if g is not None]
+    def amp_apply(record):
+        grads = [g for g, _ in record.grads_and_vars]
         amp = _STATES.get(view)
         scales = []
         if amp is not None and grads:
             scales = amp_scale.scales_feeding(grads, list(amp.loss_scales.values()), view)
         if not scales:  # gradients not made by tf.gradients under AMP
-            return call(bound)
-        return amp_scale.apply_if_finite(view, call, bound, pairs_name, scales,
-                                         GROWTH_INTERVAL)
+            return call(record)
+        return amp_scale.apply_if_finite(view, call, record, scales, GROWTH_INTERVAL)
     return amp_apply
 
 
@@ -141,15 +135,6 @@ def _loss_scale(amp, view, ys, config):
             view, info.taskgraph if info is not None else None, config.amp.loss_scale,
             config.amp.debug_log, INITIAL_SCALE)
     return amp.loss_scales[key]
-
-
-def _device_kind(view):
-    """Where ops without a device will run: the cluster's compute device kind."""
-    try:
-        _, cluster = Graph.introspection.config_and_cluster(view)
-        return cluster.device_type
-    except (AttributeError, RuntimeError):
-        return "GPU" if tf.config.experimental.list_physical_devices("GPU") else "CPU"
 
 
 _CPU_WARNED = []

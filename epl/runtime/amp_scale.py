@@ -26,7 +26,6 @@ that is dead on that step; the step still advances and is reported
 (:mod:`epl.runtime.amp_skip`), so step-based hooks end.
 """
 import collections
-import inspect
 import sys
 
 from epl import tf_adapter
@@ -193,14 +192,15 @@ def all_finite(view, pairs, taskgraph):
         return tf.reduce_all(tf.stack(flags), name="all_finite")
 
 
-def apply_if_finite(view, call, bound, pairs_name, scales, interval):
-    """Run the optimizer's ``call(bound)`` so that its updates happen only when every
-    gradient is finite, and update ``scales`` every step. Returns what ``call`` returns."""
+def apply_if_finite(view, call, record, scales, interval):
+    """Run the optimizer's ``call(record)`` (an :class:`epl.ir.records.ApplyCall`) so
+    that its updates happen only when every gradient is finite, and update ``scales``
+    every step. Returns what ``call`` returns."""
     graph = view.tf_graph
-    pairs = list(bound.arguments[pairs_name])
+    pairs = list(record.grads_and_vars)
     taskgraph = scales[0].taskgraph
     with clean_context(graph):
-        finite = all_finite(view, [(g, v) for g, v in pairs if g is not None], taskgraph)
+        finite = all_finite(view, pairs, taskgraph)
         with scope(view, taskgraph, Phase.APPLY), tf.name_scope("EPL_AMP"):
             token = tf.identity(tf_adapter.switch(finite, finite)[1], name="apply_if_finite").op
         gated = []
@@ -211,12 +211,10 @@ def apply_if_finite(view, call, bound, pairs_name, scales, interval):
                         tf.name_scope("EPL_AMP/apply_if_finite"):
                     grad = tf_adapter.switch(grad, finite)[1]
             gated.append((grad, var))
-    bound = inspect.BoundArguments(bound.signature, collections.OrderedDict(bound.arguments))
-    bound.arguments[pairs_name] = tuple(gated)
     first = len(graph.get_operations())
-    result = call(bound)
+    result = call(record._replace(grads_and_vars=gated))
     new_ops = graph.get_operations()[first:]
-    increments = amp_skip.step_increments(new_ops, bound.arguments.get("global_step"))
+    increments = amp_skip.step_increments(new_ops, record.global_step)
     gate_ops(graph, new_ops, token, exempt=increments)
     with clean_context(graph), scope(view, taskgraph, Phase.APPLY), tf.name_scope("EPL_AMP"):
         amp_skip.always_advance(increments, finite)

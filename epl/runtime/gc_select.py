@@ -18,7 +18,7 @@ from epl.config import ConfigError
 from epl.ir.traverse import unique_ops
 from epl.protocols.passes import MODEL, Pass
 from epl.runtime import gc_graph, graph_records
-from epl.runtime.graph_records import PerGraph
+from epl.ir.features import FeatureSlot
 
 COLLECTION = "checkpoints"
 MIN_BLOCK_OPS = 8      # a repeated block has at least this many forward ops
@@ -77,7 +77,7 @@ class _CollectionUse(object):
         self.losses = []
 
 
-_USES = PerGraph(_CollectionUse)
+_USES = FeatureSlot("checkpoints_collection_uses", _CollectionUse)
 
 
 def unused_entries(view):

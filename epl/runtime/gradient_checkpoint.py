@@ -30,13 +30,11 @@ TaskGraph (stage) of the op it recomputes, so data parallelism, micro-batches
 rest of that stage's backward. See docs/gradient_checkpoint.md.
 """
 import collections
-import inspect
 import logging
 
 from epl.config import ConfigError
-from epl.ir.records import as_list
 from epl.ir.traverse import unique_ops
-from epl.runtime.graph_records import PerGraph
+from epl.ir.features import FeatureSlot
 from epl.runtime import gc_graph, gc_select
 from epl.tf_adapter import tf
 
@@ -72,7 +70,7 @@ class GcState(object):
         self.warned = set()      # reasons already reported (once per graph)
 
 
-_STATES = PerGraph(GcState)
+_STATES = FeatureSlot("gradient_checkpoint", GcState)
 
 
 def applies(config):
@@ -88,16 +86,17 @@ def _state(view):
     return _STATES.of(view)
 
 
-def wrap_gradients(compute, view, config):
+def wrap_gradients(compute, build):
     """``tf.gradients`` that recomputes non-checkpoint activations in backward."""
-    def checkpointed_gradients(bound):
+    view, config = build.view, build.config
+
+    def checkpointed_gradients(call):
         reason = _why_not(view, config)
         if reason:
             _warn_once(view, reason)
-            return compute(bound)
-        args = bound.arguments
-        ys = [_tensor(y) for y in as_list(args["ys"])]
-        xs = [_x_tensor(x) for x in as_list(args["xs"])]
+            return compute(call)
+        ys = [_tensor(y) for y in call.ys]
+        xs = [_x_tensor(x) for x in call.xs]
         region = gc_graph.Region(view, ys, xs, _last_taskgraph(view, config))
         selection = _select(region, view, config)
         checkpoints = _checkpoints(region, selection.ops)
@@ -105,15 +104,15 @@ def wrap_gradients(compute, view, config):
             _warn_once(view, "no activation between the variables and %s can be recomputed "
                        "with the checkpoints found (%s); this call's gradients are computed "
                        "as usual" % (ys[0].name, selection.method))
-            return compute(bound)
+            return compute(call)
         record = GcCall(selection.method, checkpoints)
-        builder = _Builder(compute, view, bound, region, checkpoints, record)
-        grads = builder.build(ys, as_list(args.get("grad_ys")))
+        builder = _Builder(compute, view, call, region, checkpoints, record)
+        grads = builder.build(ys, list(call.grad_ys))
         _log(record, region)
         if config.gradient_checkpoint.check_gradients:
-            grads = _check(compute, view, bound, xs, grads, record)
+            grads = _check(compute, view, call, xs, grads, record)
         _state(view).calls.append(record)
-        return grads
+        return call._replace(grads=grads)
     return checkpointed_gradients
 
 
@@ -204,10 +203,10 @@ def _saves_memory(region, checkpoints):
 class _Builder(object):
     """Builds one call's gradients level by level (see the module docstring)."""
 
-    def __init__(self, compute, view, bound, region, checkpoints, record):
+    def __init__(self, compute, view, call, region, checkpoints, record):
         self.compute = compute
         self.view = view
-        self.bound = bound
+        self.call = call
         self.region = region
         self.checkpoints = checkpoints
         self.stops = set(id(op) for op in checkpoints)
@@ -265,7 +264,7 @@ class _Builder(object):
         xs = [self.region.xs[i] for i in x_indices]
         if not xs and not stop_tensors:
             return
-        grads = self.compute(self._arguments(ys, xs + stop_tensors, grad_ys, stop_tensors))
+        grads = self.compute(self._arguments(ys, xs + stop_tensors, grad_ys, stop_tensors)).grads
         self.record.levels += 1
         for index, grad in zip(x_indices, grads[:len(xs)]):
             if grad is not None:
@@ -280,12 +279,9 @@ class _Builder(object):
 
     def _arguments(self, ys, xs, grad_ys, stop_tensors):
         """The user's call with other ys, xs, grad_ys and more stop points."""
-        arguments = collections.OrderedDict(self.bound.arguments)
-        arguments["ys"] = ys
-        arguments["xs"] = xs
-        arguments["grad_ys"] = list(grad_ys) if any(g is not None for g in grad_ys) else None
-        arguments["stop_gradients"] = stop_tensors + as_list(arguments.get("stop_gradients"))
-        return inspect.BoundArguments(self.bound.signature, arguments)
+        return self.call._replace(
+            ys=ys, xs=xs, grad_ys=list(grad_ys) if any(g is not None for g in grad_ys) else [],
+            stop_gradients=stop_tensors + list(self.call.stop_gradients))
 
 
 def _wait_for(made, grads):
@@ -327,12 +323,12 @@ def _sum(view, x, parts):
 
 
 # ---- check_gradients --------------------------------------------------------------------
-def _check(compute, view, bound, xs, grads, record):
+def _check(compute, view, call, xs, grads, record):
     """Also build the plain gradients; every step, assert per variable that the
     values agree (|gc - plain| <= ATOL + RTOL * max|plain|). Structure (None,
     shape, dtype) is compared now, naming the variable."""
     with tf.name_scope(CHECK_SCOPE):
-        plain = compute(bound)
+        plain = compute(call).grads
     checked = []
     for x, grad, reference in zip(xs, grads, plain):
         name = x.op.name

@@ -130,44 +130,42 @@ def unsupported_reason(optimizer):
     return None  # pragma: no cover - the base class defines it
 
 
-def wrap_apply(call, view, config, cluster):
+def wrap_apply(call, build):
     """Build-time saver hook (see :mod:`epl.runtime.build_time`)."""
-    del view, cluster
-    count = config.optimizer.num_apply_group
+    count = build.config.optimizer.num_apply_group
 
-    def apply(bound):
-        names = list(bound.arguments)
-        optimizer, pairs_arg = bound.arguments[names[0]], names[1]
-        pairs = list(bound.arguments[pairs_arg])
-        live = [p for p in pairs if p[0] is not None]
+    def apply(record):
+        optimizer, live = record.optimizer, list(record.grads_and_vars)
         reason = unsupported_reason(optimizer)
         if reason is not None:
             _warn_once(optimizer, count, reason)
-            return call(bound)
+            return call(record)
         if min(count, len(live)) < 2:
-            return call(bound)
+            return call(record)
         live = arrival_order(live)
         groups = [[live[i] for i in members] for members in
                   contiguous_groups([variable_bytes(v) for _, v in live], count)]
-        groups[-1] += [p for p in pairs if p[0] is None]  # skipped by the optimizer
-        return apply_in_groups(call, bound, optimizer, pairs_arg, groups)
+        return apply_in_groups(call, record, groups)
     return apply
 
 
-def apply_in_groups(call, bound, optimizer, pairs_arg, groups):
-    """Call ``call`` once per group, each after the previous one completed."""
-    _create_all_slots(optimizer, [v for group in groups for g, v in group if g is not None])
-    base_name = bound.arguments.get("name") or optimizer.get_name()
+def apply_in_groups(call, record, groups):
+    """Call ``call`` once per group, each after the previous one completed; the last
+    group's call takes the step, the name and the pairs without a gradient."""
+    optimizer = record.optimizer
+    _create_all_slots(optimizer, [v for group in groups for g, v in group])
+    base_name = record.name or optimizer.get_name()
     done, result = None, None
     for index, group in enumerate(groups):
         last = index == len(groups) - 1
-        arguments = _group_arguments(bound, pairs_arg, group, last, base_name, index)
         with tf.control_dependencies([done] if done is not None else []):
             if last:
-                result = call(arguments)
+                result = call(record._replace(grads_and_vars=group))
             else:
                 with _plain_finish(optimizer):
-                    done = call(arguments)
+                    done = call(record._replace(
+                        grads_and_vars=group, global_step=None, skipped=(),
+                        name="%s_group_%d" % (base_name, index)))
                 _forget_train_op(done)
     return result
 
@@ -180,19 +178,6 @@ def _create_all_slots(optimizer, variables):
     missing)."""
     with tf.init_scope():
         optimizer._create_slots(variables)  # pylint: disable=protected-access
-
-
-def _group_arguments(bound, pairs_arg, group, last, base_name, index):
-    """A copy of ``bound`` for one group: its pairs; no global step and its own name
-    scope unless it is the last group."""
-    arguments = bound.signature.bind_partial()
-    arguments.arguments.update(bound.arguments)
-    arguments.arguments[pairs_arg] = tuple(group)
-    if not last:
-        if "global_step" in arguments.arguments:
-            arguments.arguments["global_step"] = None
-        arguments.arguments["name"] = "%s_group_%d" % (base_name, index)
-    return arguments
 
 
 def _group_only(update_ops, name_scope):

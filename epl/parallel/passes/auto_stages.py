@@ -30,6 +30,7 @@ import logging
 import weakref
 
 from epl import tf_adapter
+from epl.ir.features import FeatureSlot
 from epl.ir.phase import Phase
 from epl.ir.traverse import ancestor_ops
 from epl.parallel import partition as partition_lib
@@ -49,6 +50,8 @@ _RANDOM = frozenset(["RandomUniform", "RandomUniformInt", "RandomStandardNormal"
                      "RandomPoisson", "RandomPoissonV2"])
 _COST_ATTRS = {"MatMul": ("transpose_a",), "BatchMatMul": ("adj_x",),
                "BatchMatMulV2": ("adj_x",)}
+# the Partition made for a view (public as epl.Graph.get().auto_partition)
+_PARTITION = FeatureSlot("auto_partition", None)
 _LOGGED = weakref.WeakKeyDictionary()     # views whose "no stages" decision was logged
 
 
@@ -80,8 +83,8 @@ def partition_stages(view, config, cluster):
                         "cut into stages: data parallelism over all %d device(s)"
                   % (config.pipeline.num_stages, cluster.worker_num * cluster.gpu_num_per_worker))
         return None
-    if view.auto_partition is not None:
-        return view.auto_partition
+    if _PARTITION.get(view) is not None:
+        return _PARTITION.get(view)
     try:
         replicas = partition_lib.check_devices(num_stages, cluster.worker_num,
                                                cluster.gpu_num_per_worker)
@@ -90,7 +93,7 @@ def partition_stages(view, config, cluster):
     except partition_lib.PartitionError as err:
         raise PlanError(str(err))
     _apply(view, result.stage_of, num_stages)
-    view.auto_partition = result
+    _PARTITION.set(view, result)
     LOG.info("EPL %s\n  %d pipeline replica(s) of %d stages, %d micro-batch(es)",
              result, replicas, num_stages, config.pipeline.num_micro_batch)
     if config.pipeline.num_micro_batch == 1:
@@ -276,7 +279,7 @@ class AutoStages(Pass):
     def run(self, ctx):
         view = ctx.view
         num_stages = partition_lib.stage_count(ctx.config)
-        if view.auto_partition is None or len(ctx.plan.taskgraphs) != num_stages:
+        if _PARTITION.get(view) is None or len(ctx.plan.taskgraphs) != num_stages:
             raise RuntimeError(
                 "auto.auto_parallel: the plan has %d TaskGraph(s) but pipeline.num_stages=%d; "
                 "the stages must be made before planning (rewriter.plan_for calls "
