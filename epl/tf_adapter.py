@@ -39,6 +39,8 @@ __all__ = ["tf", "collective_ops"]
 
 # The op library's directory under epl/lib/ for this TensorFlow (tools/build_ops.sh).
 OP_LIBRARY_SUBDIR = _impl.OP_LIBRARY_SUBDIR
+# Op types of EPL's AMP lists that have no float16 CPU kernel (epl/runtime/amp_lists.py).
+LISTED_OPS_WITHOUT_CPU_HALF_KERNEL = _impl.LISTED_OPS_WITHOUT_CPU_HALF_KERNEL
 
 # Patch targets, grouped by concern: (owner object, attribute name).
 OP_CREATION = (_ops.Graph, "_add_op")
@@ -147,10 +149,17 @@ def op_id(op):
     return op._id  # pylint: disable=protected-access
 
 
-def last_op_id(graph):
-    """The id of the last op created in ``graph``: what TF uses as an unseeded random
-    op's seed under a graph-level seed."""
-    return graph._last_id  # pylint: disable=protected-access
+def seed_position(graph):
+    """What TF derives the op seed of the next unseeded random op of ``graph`` from,
+    under a graph-level seed: the id of the last op created (TF 1.15) or the count of
+    seeds drawn so far (TF 2.x). Grows as the program builds; EPL measures it."""
+    return _impl.seed_position(graph)
+
+
+def seeds_at(get_seed, graph, position):
+    """TF's ``get_seed`` for an unseeded op whose seed position is ``position`` (what
+    plain TF's program would be at), counting the draw as TF would have."""
+    return _impl.seeds_at(get_seed, graph, position)
 
 
 def set_device(op, device):
