@@ -108,6 +108,12 @@ def estimator_run_config(estimator):
     return estimator._config  # pylint: disable=protected-access
 
 
+def collective_rank_order(devices):
+    """The order in which TF's collective ops rank the member devices of a group
+    (an all-gather concatenates in this order)."""
+    return _impl.collective_rank_order(devices)
+
+
 def subclasses(cls):
     """Every class derived from ``cls``, directly or not (each once)."""
     seen, pending, result = set(), list(cls.__subclasses__()), []

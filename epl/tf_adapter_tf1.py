@@ -21,6 +21,11 @@ def seeds_at(get_seed, graph, position):
     return get_seed(position)  # the op count advances by itself
 
 
+def collective_rank_order(devices):
+    """TF 1.15 ranks collective members by their device names as strings."""
+    return sorted(devices)
+
+
 def c_api():
     """TF 1.15's C API module (graph import with results)."""
     from tensorflow.python import pywrap_tensorflow as c_api

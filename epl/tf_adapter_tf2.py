@@ -28,6 +28,17 @@ def seeds_at(get_seed, graph, position):
     return seeds
 
 
+def collective_rank_order(devices):
+    """TF 2.x ranks collective members by task, then device index (numerically)."""
+    import tensorflow.compat.v1 as tf
+
+    def key(device):
+        spec = tf.DeviceSpec.from_string(device)
+        return (spec.job or "", spec.replica or 0, spec.task or 0, spec.device_type or "",
+                spec.device_index or 0, device)
+    return sorted(devices, key=key)
+
+
 def c_api():
     """TF 2.x's C API module (graph import with results)."""
     from tensorflow.python.client import pywrap_tf_session as c_api
