@@ -491,6 +491,12 @@ SaveableObject = _saveable.SaveableObject
 SaveSpec = _saveable.SaveSpec
 
 
+def is_variable(value):
+    """True for every variable object, ref or resource: in TF 2.x a resource variable is
+    not a ``tf.compat.v1.Variable`` (that class is TF 1's VariableV1 there)."""
+    return isinstance(value, _variables.Variable)
+
+
 def all_saveable_objects():
     """What a Saver without a var_list saves: global variables and SAVEABLE_OBJECTS."""
     return _variables._all_saveable_objects()
