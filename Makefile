@@ -13,7 +13,7 @@ TEST_WORKERS ?= 2
 WHEELS := .cache/wheels
 HOROVOD_VERSION := 0.28.1
 
-.PHONY: setup demo test lint unit clean bench-deps
+.PHONY: setup demo test lint unit clean bench-deps setup-tf2 test-tf2
 
 OPS_STAMP := epl/lib/.build-stamp
 
@@ -35,6 +35,34 @@ $(STAMP): requirements-dev.txt setup.py tools/find_python.sh
 	$(PY) -m pip install -q -r requirements-dev.txt; \
 	EPL_BUILD_OPS=0 $(PY) -m pip install -q --no-deps -e .; \
 	touch $(STAMP)
+
+# The TensorFlow 2.x leg (docs/tf2.md): Python 3.11 (tools/find_python.sh 3.11: $$PYTHON311,
+# python3.11 on PATH, then pyenv) and tensorflow-cpu 2.15 (requirements-tf2.txt) in .venv-tf2; the
+# op library is built against that TF into epl/lib/tf2/ (the TF1 build stays in epl/lib/).
+VENV_TF2 := .venv-tf2
+PY_TF2 := $(VENV_TF2)/bin/python
+STAMP_TF2 := $(VENV_TF2)/.epl-setup-stamp
+OPS_STAMP_TF2 := epl/lib/tf2/.build-stamp
+
+setup-tf2: $(STAMP_TF2) $(OPS_STAMP_TF2)
+
+$(OPS_STAMP_TF2): $(STAMP_TF2) $(wildcard csrc/*/*.cc) tools/build_ops.sh tools/build_nccl_ops.sh
+	@bash tools/build_ops.sh $(PY_TF2)
+	@touch $(OPS_STAMP_TF2)
+
+$(STAMP_TF2): requirements-tf2.txt setup.py tools/find_python.sh
+	@set -e; \
+	if [ ! -x $(PY_TF2) ]; then \
+	  interp="$$(bash tools/find_python.sh 3.11)"; \
+	  echo "Creating $(VENV_TF2) with $$interp"; \
+	  "$$interp" -m venv $(VENV_TF2); \
+	fi; \
+	$(PY_TF2) -m pip install -q -r requirements-tf2.txt; \
+	EPL_BUILD_OPS=0 $(PY_TF2) -m pip install -q --no-deps -e .; \
+	touch $(STAMP_TF2)
+
+test-tf2: setup-tf2
+	$(PY_TF2) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m flake8 $$(ls -d epl tests tools benchmarks examples 2>/dev/null) tools/epl-launch
@@ -74,4 +102,4 @@ bench-deps: setup
 	$(PY) -c "import horovod.tensorflow as hvd; print('horovod', hvd.__version__ if hasattr(hvd, '__version__') else 'ok')"
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VENV_TF2) build *.egg-info

@@ -248,9 +248,12 @@ def init(config=None, cluster=None):
     """
     if tf_adapter.executing_eagerly():
         raise RuntimeError(
-            "epl.init() needs TensorFlow graph mode, but eager execution is enabled. "
-            "Call tf.compat.v1.disable_eager_execution() (or do not enable eager "
-            "execution) before epl.init().")
+            "epl.init() needs TensorFlow graph mode, but eager execution is enabled (the "
+            "default of TensorFlow 2.x). Call tf.compat.v1.disable_v2_behavior() (TF1 "
+            "behaviour: graph mode, TF1 control flow and variables; what tf_upgrade_v2's "
+            "`import tensorflow.compat.v1 as tf; tf.disable_v2_behavior()` does) or at "
+            "least tf.compat.v1.disable_eager_execution() at the start of the program, "
+            "before epl.init() (docs/tf2.md).")
     if config is None:
         config = Config()
     elif isinstance(config, dict):

@@ -1,28 +1,46 @@
 """The one place EPL touches private TensorFlow modules.
 
 Everything EPL needs from ``tensorflow.python...`` is imported or reached here,
-so that supporting another TensorFlow version (for example 2.x through
-``tf.compat.v1``) changes this file and nothing else. Public TF API is used
+so that supporting another TensorFlow version changes this file (and its
+per-version implementation modules) and nothing else. Public TF API is used
 through ``tf`` (the ``tf.compat.v1`` namespace, which exists in 1.15 too).
+
+Two TensorFlow lines are supported: 1.15 and 2.x through ``tf.compat.v1``
+(docs/tf2.md). What differs between them lives in ``epl/tf_adapter_tf1.py`` and
+``epl/tf_adapter_tf2.py``; the one matching the installed TensorFlow is chosen
+once, here, at import. Nothing else in EPL asks which TensorFlow it runs on.
 """
+import contextlib
+
 import tensorflow.compat.v1 as tf
-from tensorflow.python.client import session as _session
-from tensorflow.python.eager import context as _context
-from tensorflow.python.framework import ops as _ops
-from tensorflow.python.framework import random_seed as _random_seed
-from tensorflow.python.ops import collective_ops
-from tensorflow.python.ops import control_flow_ops as _control_flow_ops
-from tensorflow.python.ops import gen_math_ops as _gen_math
-from tensorflow.python.ops import gen_resource_variable_ops as _gen_rv
-from tensorflow.python.ops import gen_state_ops as _gen_state
-from tensorflow.python.ops import gradients_util as _gradients_util
-from tensorflow.python.training import monitored_session as _monitored_session
-from tensorflow.python.training import optimizer as _optimizer
-from tensorflow.python.training import saver as _saver
-from tensorflow.python.training import server_lib as _server_lib
-from tensorflow.python.training import training_util as _training_util
+
+if tf.version.VERSION.startswith("1."):
+    from epl import tf_adapter_tf1 as _impl
+else:
+    from epl import tf_adapter_tf2 as _impl
+
+from tensorflow.python.client import session as _session  # noqa: E402
+from tensorflow.python.eager import context as _context  # noqa: E402
+from tensorflow.python.framework import ops as _ops  # noqa: E402
+from tensorflow.python.framework import random_seed as _random_seed  # noqa: E402
+from tensorflow.python.ops import collective_ops  # noqa: E402
+from tensorflow.python.ops import control_flow_ops as _control_flow_ops  # noqa: E402
+from tensorflow.python.ops import gen_math_ops as _gen_math  # noqa: E402
+from tensorflow.python.ops import gen_resource_variable_ops as _gen_rv  # noqa: E402
+from tensorflow.python.ops import gen_state_ops as _gen_state  # noqa: E402
+from tensorflow.python.ops import gradients_util as _gradients_util  # noqa: E402
+from tensorflow.python.training import monitored_session as _monitored_session  # noqa: E402
+from tensorflow.python.training import optimizer as _optimizer  # noqa: E402
+from tensorflow.python.training import saver as _saver  # noqa: E402
+from tensorflow.python.training import server_lib as _server_lib  # noqa: E402
+from tensorflow.python.training import training_util as _training_util  # noqa: E402
 
 __all__ = ["tf", "collective_ops"]
+
+# The op library's directory under epl/lib/ for this TensorFlow (tools/build_ops.sh).
+OP_LIBRARY_SUBDIR = _impl.OP_LIBRARY_SUBDIR
+# Op types of EPL's AMP lists that have no float16 CPU kernel (epl/runtime/amp_lists.py).
+LISTED_OPS_WITHOUT_CPU_HALF_KERNEL = _impl.LISTED_OPS_WITHOUT_CPU_HALF_KERNEL
 
 # Patch targets, grouped by concern: (owner object, attribute name).
 OP_CREATION = (_ops.Graph, "_add_op")
@@ -38,6 +56,8 @@ APPLY_GRADIENTS = (_optimizer.Optimizer, "apply_gradients")
 OPTIMIZER_BASES = tuple(base for base in (
     _optimizer.Optimizer, getattr(tf.keras.optimizers, "Optimizer", None))
     if isinstance(base, type))
+# Keras models, whose own training loop (Model.fit) EPL refuses.
+KERAS_MODEL_BASES = (tf.keras.Model,)
 SESSION_INIT = (_session.BaseSession, "__init__")
 SESSION_RUN = (_session.BaseSession, "run")
 SESSION_MAKE_CALLABLE = (_session.BaseSession, "make_callable")
@@ -88,6 +108,12 @@ def estimator_run_config(estimator):
     return estimator._config  # pylint: disable=protected-access
 
 
+def collective_rank_order(devices):
+    """The order in which TF's collective ops rank the member devices of a group
+    (an all-gather concatenates in this order)."""
+    return _impl.collective_rank_order(devices)
+
+
 def subclasses(cls):
     """Every class derived from ``cls``, directly or not (each once)."""
     seen, pending, result = set(), list(cls.__subclasses__()), []
@@ -129,10 +155,17 @@ def op_id(op):
     return op._id  # pylint: disable=protected-access
 
 
-def last_op_id(graph):
-    """The id of the last op created in ``graph``: what TF uses as an unseeded random
-    op's seed under a graph-level seed."""
-    return graph._last_id  # pylint: disable=protected-access
+def seed_position(graph):
+    """What TF derives the op seed of the next unseeded random op of ``graph`` from,
+    under a graph-level seed: the id of the last op created (TF 1.15) or the count of
+    seeds drawn so far (TF 2.x). Grows as the program builds; EPL measures it."""
+    return _impl.seed_position(graph)
+
+
+def seeds_at(get_seed, graph, position):
+    """TF's ``get_seed`` for an unseeded op whose seed position is ``position`` (what
+    plain TF's program would be at), counting the draw as TF would have."""
+    return _impl.seeds_at(get_seed, graph, position)
 
 
 def set_device(op, device):
@@ -150,6 +183,40 @@ def add_control_inputs(op, control_ops):
 def control_outputs(op):
     """The ops that take ``op`` as a control input."""
     return list(op._control_outputs)  # pylint: disable=protected-access
+
+
+def set_attr(op, attr, value):
+    """Set attribute ``attr`` (an AttrValue) of an existing op."""
+    op._set_attr(attr, value)  # pylint: disable=protected-access
+
+
+def is_ref_dtype(dtype):
+    """True for the reference dtypes of TF1 ref variables (``float32_ref``)."""
+    return dtype._is_ref_dtype  # pylint: disable=protected-access
+
+
+def create_slots(optimizer, variables):
+    """Let a tf.train optimizer create the slots (and non-slot variables such as Adam's
+    beta powers) of ``variables`` now; it creates only what is missing later."""
+    optimizer._create_slots(variables)  # pylint: disable=protected-access
+
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def finishing_with(optimizer, finish):
+    """Inside, the tf.train optimizer's ``_finish(update_ops, name)`` (what ends its
+    ``apply_gradients``: Adam's beta-power updates) is ``finish``; restored on exit."""
+    own = vars(optimizer).get("_finish", _MISSING)
+    optimizer._finish = finish  # pylint: disable=protected-access
+    try:
+        yield
+    finally:
+        if own is _MISSING:
+            del optimizer._finish  # pylint: disable=protected-access
+        else:
+            optimizer._finish = own  # pylint: disable=protected-access
 
 
 def update_input(op, index, tensor):
@@ -232,7 +299,7 @@ def import_nodes(tf_graph, graph_def, input_map, prefix, return_elements):
     every imported op and creates only those Python ops. Falls back to the
     public importer if TF's internals differ (another TF version).
     """
-    from tensorflow.python import pywrap_tensorflow as c_api
+    c_api = _impl.c_api()
     from tensorflow.python.framework import c_api_util
     from tensorflow.python.framework import importer
     try:
@@ -311,7 +378,7 @@ def touches_state(op):
     """True for ops that may read or change state: ops TF marks stateful (resource
     variable updates, random ops, queues) and ops taking a ref input (ref-variable
     updates such as Assign or ScatterAdd, which TF does not mark stateful)."""
-    return bool(op.op_def.is_stateful) or any(t.dtype._is_ref_dtype for t in op.inputs)
+    return bool(op.op_def.is_stateful) or any(is_ref_dtype(t.dtype) for t in op.inputs)
 
 
 _VARIABLE_READS = frozenset(["Identity", "RefIdentity", "ReadVariableOp", "VariableShape",
@@ -328,7 +395,7 @@ _PASS_THROUGH = frozenset(["Identity", "RefIdentity", "Enter", "RefEnter", "Swit
 
 def is_state_tensor(tensor):
     """True for ref and resource tensors (handles on variables and other state)."""
-    return tensor.dtype._is_ref_dtype or tensor.dtype == tf.resource
+    return is_ref_dtype(tensor.dtype) or tensor.dtype == tf.resource
 
 
 def written_variables(op):
@@ -355,7 +422,7 @@ def writes_variable(op):
     an op taking a ref or resource input that is not a plain read of it."""
     if op.type in _VARIABLE_READS:
         return False
-    return any(t.dtype._is_ref_dtype or t.dtype == tf.resource for t in op.inputs)
+    return any(is_ref_dtype(t.dtype) or t.dtype == tf.resource for t in op.inputs)
 
 
 # ---- variables at the op level (works for ref and resource variables) ---------
@@ -422,6 +489,12 @@ from tensorflow.python.training.saving import saveable_object as _saveable  # no
 
 SaveableObject = _saveable.SaveableObject
 SaveSpec = _saveable.SaveSpec
+
+
+def is_variable(value):
+    """True for every variable object, ref or resource: in TF 2.x a resource variable is
+    not a ``tf.compat.v1.Variable`` (that class is TF 1's VariableV1 there)."""
+    return isinstance(value, _variables.Variable)
 
 
 def all_saveable_objects():

@@ -6,6 +6,14 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def pytest_configure(config):
+    """The suite is TF1-style graph code, as a user's TF 2.x program converted with
+    `import tensorflow.compat.v1 as tf; tf.disable_v2_behavior()` (docs/tf2.md): on
+    TensorFlow 2.x that call comes first; on 1.15 it changes nothing."""
+    import tensorflow.compat.v1 as tf
+    tf.disable_v2_behavior()
+
+
 @pytest.fixture(autouse=True)
 def _epl_clean_state(monkeypatch):
     """Each test starts without EPL env overrides and ends with hooks removed."""

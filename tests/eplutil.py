@@ -18,6 +18,8 @@ import tensorflow.compat.v1 as tf
 import epl
 from epl.cluster import Cluster
 
+tf.disable_v2_behavior()  # TF 2.x: graph mode for worker scripts too (docs/tf2.md); no-op on 1.15
+
 FEATURES, HIDDEN, CLASSES = 6, 5, 3
 
 

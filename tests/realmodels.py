@@ -103,8 +103,7 @@ class ResNet(Model):
         return images, labels
 
     def build(self, batch, stage=no_stage):
-        from tensorflow.contrib import slim
-        from tensorflow.contrib.slim.nets import resnet_v1
+        slim, resnet_v1 = _slim()
         images, labels = batch
         blocks = [resnet_v1.resnet_v1_block("block1", base_depth=4, num_units=1, stride=2),
                   resnet_v1.resnet_v1_block("block2", base_depth=5, num_units=1, stride=1)]
@@ -116,6 +115,23 @@ class ResNet(Model):
         with stage(1):
             logits = tf.layers.dense(features, self.classes, name="classifier")
             return tf.losses.sparse_softmax_cross_entropy(labels, logits)
+
+
+def _slim():
+    """(slim, slim's resnet_v1): tf.contrib.slim on TF 1.15; on TF 2.x, where tf.contrib is
+    gone, the tf-slim package it moved to (what a user switches to, docs/tf2.md)."""
+    try:
+        from tensorflow.contrib import slim
+        from tensorflow.contrib.slim.nets import resnet_v1
+    except ImportError:
+        import tf_slim as slim
+        from tf_slim.layers import layers as slim_layers
+        from tf_slim.nets import resnet_v1
+        # tf-slim 1.1's batch_norm builds TF's legacy BatchNormalization layer through
+        # tensorflow.python.layers, which TF 2.15 resolves only with a tf-keras that has no
+        # 2.15 release; the public class is the same layer (docs/tf2.md).
+        slim_layers.normalization_layers = tf.layers
+    return slim, resnet_v1
 
 
 def _layer_norm(x, name):

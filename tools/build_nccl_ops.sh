@@ -57,8 +57,15 @@ wheel_dir() {  # nvidia/$1 of NVIDIA's wheels: in $EPL_CUDA_WHEELS, else in PYTH
 if [ -z "$FLAGS" ]; then
   FLAGS="$("$PY" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()))' 2>/dev/null)"
   [ -n "$FLAGS" ] || give_up "skipping NCCL ops: TensorFlow not importable with $PY"
-  FLAGS="$FLAGS -DEIGEN_MAX_ALIGN_BYTES=64"  # as build_ops.sh does, see there
+  case " $FLAGS " in  # as build_ops.sh does, see there
+    *" -DEIGEN_MAX_ALIGN_BYTES="*) ;;
+    *) FLAGS="$FLAGS -DEIGEN_MAX_ALIGN_BYTES=64" ;;
+  esac
 fi
+case " $FLAGS " in  # TF 2.x names its standard (c++17) in FLAGS; TF 1.15 needs c++14
+  *"-std=c++"*) ;;
+  *) FLAGS="-std=c++14 $FLAGS" ;;
+esac
 W_RUNTIME="$(wheel_dir cuda_runtime)"; W_NVCC="$(wheel_dir cuda_nvcc)"; W_NCCL="$(wheel_dir nccl)"
 NVCC="$(command -v nvcc || true)"
 NVCC_CUDA="$( [ -n "$NVCC" ] && dirname "$(dirname "$(readlink -f "$NVCC")")")"
@@ -98,10 +105,10 @@ mkdir -p "$SHIM/third_party/gpus/cuda"
 ln -s "$(cd "$CUDA_INC" && pwd)" "$SHIM/third_party/gpus/cuda/include"
 mkdir -p "$OUT"
 CXX="${CXX:-g++}"
-# -std=c++14 plus TF's -D_GLIBCXX_USE_CXX11_ABI=0 (in FLAGS), as for libepl_ops.so. The rpath
+# TF's standard and ABI flags (in FLAGS), as for libepl_ops.so. The rpath
 # finds libcudart and libnccl where they were linked; libcuda (the driver) is opened by libcudart
 # only at the first CUDA call, so the library loads on machines without a GPU driver too.
-CMD=("$CXX" -std=c++14 -shared -fPIC -O2 -DGOOGLE_CUDA=1 -I"$SHIM" -I"$CUDA_INC" -I"$CRT_INC"
+CMD=("$CXX" -shared -fPIC -O2 -DGOOGLE_CUDA=1 -I"$SHIM" -I"$CUDA_INC" -I"$CRT_INC"
      ${CCCL_INC:+-I"$CCCL_INC"} -I"$NCCL_INC" $SRC $FLAGS
      -L"$CUDA_LIB" -l:"${CUDART#* }" -L"$NCCL_LIB" -l:"${NCCL#* }"
      -Wl,-rpath,"$NCCL_LIB" -Wl,-rpath,"$CUDA_LIB" -o "$OUT/libepl_nccl_ops.so.tmp")

@@ -3,12 +3,15 @@
 #   libepl_ops.so        CPU kernels (fused pack/unpack), always attempted
 #   libepl_nccl_ops.so   NCCL communicator ops, only where CUDA and NCCL headers exist
 # A failed or skipped build is reported, never fatal: EPL falls back to pure TensorFlow.
-# Usage: tools/build_ops.sh PYTHON [OUT_DIR]   (OUT_DIR defaults to epl/lib; setup.py's
-# build_ext passes its build directory, see setup.py)
+# Usage: tools/build_ops.sh PYTHON [OUT_DIR]   (setup.py's build_ext passes its build directory,
+# see setup.py). OUT_DIR defaults to epl/lib for TensorFlow 1 and to epl/lib/tf<major> for later
+# TensorFlows, so a TF1 and a TF2 environment sharing one source tree (.venv and .venv-tf2) each
+# keep their own build; epl/communicators/library.py looks there first.
 set -u
 PY="${1:-python}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-OUT="${2:-$ROOT/epl/lib}"
+TF_MAJOR="$("$PY" -c 'import tensorflow as tf; print(tf.version.VERSION.split(".")[0])' 2>/dev/null)"
+if [ "${TF_MAJOR:-1}" = "1" ]; then OUT="${2:-$ROOT/epl/lib}"; else OUT="${2:-$ROOT/epl/lib/tf$TF_MAJOR}"; fi
 mkdir -p "$OUT"
 # Every message also goes to build_status.txt, which `python -m epl.check_build` reports.
 STATUS="$OUT/build_status.txt"
@@ -22,12 +25,21 @@ CXX="${CXX:-g++}"
 if ! command -v "$CXX" >/dev/null 2>&1; then
   say "build_ops: $CXX not found; skipping the C++ op library (EPL uses TF fallbacks)"; exit 0
 fi
-# -std=c++14 and TF's -D_GLIBCXX_USE_CXX11_ABI=0 (in FLAGS) are both required: without
-# either, the build succeeds and tf.load_op_library fails with an undefined symbol.
-# TF's own build defines EIGEN_MAX_ALIGN_BYTES=64 but tf.sysconfig does not pass it on;
-# we define it so that our Eigen checks agree with TF's (csrc/ops/fused_buffer.cc).
-FLAGS="$FLAGS -DEIGEN_MAX_ALIGN_BYTES=64"
-if "$CXX" -std=c++14 -shared -fPIC -O3 "$ROOT"/csrc/ops/*.cc $FLAGS -lrt -o "$OUT/libepl_ops.so.tmp" \
+# The C++ standard and the ABI must be TF's: TF 1.15 needs -std=c++14 with its
+# -D_GLIBCXX_USE_CXX11_ABI=0 (in FLAGS); without either, the build succeeds and
+# tf.load_op_library fails with an undefined symbol. TF 2.x passes its own --std=c++17 and
+# ABI flag in FLAGS. TF 1.15's build defines EIGEN_MAX_ALIGN_BYTES=64 but tf.sysconfig does
+# not pass it on (2.x does); we define it so that our Eigen checks agree with TF's
+# (csrc/ops/fused_buffer.cc).
+case " $FLAGS " in
+  *"-std=c++"*) ;;
+  *) FLAGS="-std=c++14 $FLAGS" ;;
+esac
+case " $FLAGS " in
+  *" -DEIGEN_MAX_ALIGN_BYTES="*) ;;
+  *) FLAGS="$FLAGS -DEIGEN_MAX_ALIGN_BYTES=64" ;;
+esac
+if "$CXX" -shared -fPIC -O3 "$ROOT"/csrc/ops/*.cc $FLAGS -lrt -o "$OUT/libepl_ops.so.tmp" \
     2>"$OUT/build.log"; then
   mv "$OUT/libepl_ops.so.tmp" "$OUT/libepl_ops.so"
   say "build_ops: built $OUT/libepl_ops.so"

@@ -1,25 +1,41 @@
 #!/usr/bin/env bash
-# Print the path of a working Python 3.7 interpreter, or explain what to install.
-# Order: $PYTHON, python3.7 on PATH (only if it really runs: pyenv shims can exist
-# without the version being selected), then pyenv's 3.7.x installs.
+# Print the path of a working Python interpreter of one minor version, or explain what to install.
+# Usage: tools/find_python.sh [VERSION]   (VERSION defaults to 3.7; `make setup-tf2` asks for 3.11)
+# Order: the variable naming an interpreter ($PYTHON for 3.7, $PYTHON311 for 3.11), pythonX.Y on
+# PATH (only if it really runs: pyenv shims can exist without the version being selected), then
+# pyenv's X.Y.z installs.
 set -u
-works() { [ -n "$1" ] && "$1" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 7) else 1)' >/dev/null 2>&1; }
-if [ -n "${PYTHON:-}" ]; then
-  if works "$PYTHON"; then echo "$PYTHON"; exit 0; fi
-  echo "PYTHON=$PYTHON is not a working Python 3.7 interpreter." >&2; exit 1
+VERSION="${1:-3.7}"
+MAJOR="${VERSION%%.*}"
+MINOR="${VERSION#*.}"
+case "$VERSION" in
+  3.7) VAR=PYTHON; TARGET=setup; WHY="TensorFlow 1.15.5 has no wheels for newer Pythons" ;;
+  *) VAR="PYTHON${MAJOR}${MINOR}"; TARGET=setup-tf2
+     WHY="the TensorFlow 2.x leg is pinned to it: requirements-tf2.txt" ;;
+esac
+works() {
+  [ -n "$1" ] && "$1" -c "import sys; sys.exit(0 if sys.version_info[:2] == ($MAJOR, $MINOR) else 1)" \
+    >/dev/null 2>&1
+}
+GIVEN="${!VAR:-}"
+if [ -n "$GIVEN" ]; then
+  if works "$GIVEN"; then echo "$GIVEN"; exit 0; fi
+  echo "$VAR=$GIVEN is not a working Python $VERSION interpreter." >&2; exit 1
 fi
-if command -v python3.7 >/dev/null 2>&1 && works python3.7; then command -v python3.7; exit 0; fi
+if command -v "python$VERSION" >/dev/null 2>&1 && works "python$VERSION"; then
+  command -v "python$VERSION"; exit 0
+fi
 for root in "${PYENV_ROOT:-}" "$HOME/.pyenv"; do
   [ -n "$root" ] || continue
-  for cand in "$root"/versions/3.7*/bin/python; do
+  for cand in "$root"/versions/"$VERSION".*/bin/python; do
     if works "$cand"; then echo "$cand"; exit 0; fi
   done
 done
-cat >&2 <<'MSG'
-No Python 3.7 found. EPL needs Python 3.7 (TensorFlow 1.15.5 has no wheels for newer Pythons).
+cat >&2 <<MSG
+No Python $VERSION found. EPL needs Python $VERSION here ($WHY).
 Install one of:
-  - pyenv:  pyenv install 3.7.16          (then re-run make)
-  - Debian/Ubuntu: apt install python3.7 python3.7-venv
-or point PYTHON at an interpreter:  make setup PYTHON=/path/to/python3.7
+  - pyenv:  pyenv install $VERSION          (then re-run make)
+  - Debian/Ubuntu: apt install python$VERSION python$VERSION-venv
+or point $VAR at an interpreter:  make $TARGET $VAR=/path/to/python$VERSION
 MSG
 exit 1

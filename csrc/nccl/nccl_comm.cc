@@ -18,12 +18,12 @@ namespace nccl {
 using tensorflow::Status;
 
 Status NcclStatus(ncclResult_t result, const std::string& what) {
-  if (result == ncclSuccess) return Status::OK();
+  if (result == ncclSuccess) return Status();
   return tensorflow::errors::Internal(what, " failed: ", ncclGetErrorString(result));
 }
 
 Status CudaStatus(cudaError_t result, const std::string& what) {
-  if (result == cudaSuccess) return Status::OK();
+  if (result == cudaSuccess) return Status();
   return tensorflow::errors::Internal(what, " failed: ", cudaGetErrorString(result));
 }
 
@@ -76,7 +76,7 @@ void Comm::Loop() {
 }
 
 Status Comm::Init(const ncclUniqueId& id) {
-  if (comm_ != nullptr) return Status::OK();
+  if (comm_ != nullptr) return Status();
   if (broken_) {
     return tensorflow::errors::Aborted(description_, " was aborted after an earlier NCCL error; "
                                        "the next step creates a fresh communicator");
@@ -89,16 +89,16 @@ Status Comm::Init(const ncclUniqueId& id) {
   Status status = NcclStatus(ncclCommInitRank(&comm, size_, id, rank_), "ncclCommInitRank");
   if (!status.ok()) return Fail(status);
   comm_ = comm;
-  return Status::OK();
+  return Status();
 }
 
 Status Comm::Sync() {
-  if (stream_ == nullptr) return Status::OK();  // Init failed before anything was queued
+  if (stream_ == nullptr) return Status();  // Init failed before anything was queued
   EPL_CUDA_RETURN_IF_ERROR(cudaEventRecord(synced_, stream_));
   auto pause = std::chrono::microseconds(10);
   for (;;) {
     cudaError_t state = cudaEventQuery(synced_);
-    if (state == cudaSuccess) return Status::OK();
+    if (state == cudaSuccess) return Status();
     if (state != cudaErrorNotReady) return Fail(CudaStatus(state, "waiting for NCCL"));
     if (comm_ != nullptr) {  // once aborted, its kernels are ending: just drain the stream
       ncclResult_t async = ncclSuccess;
@@ -131,7 +131,7 @@ Status GetComm(const std::string& key, int rank, int size, int gpu, Comm** comm)
         ": two groups share one communicator key");
   }
   *comm = entry;
-  return Status::OK();
+  return Status();
 }
 
 void DropComm(const Comm* comm, const std::string& key, int rank) {
@@ -151,7 +151,7 @@ Status UniqueIdFor(const std::string& key, ncclUniqueId* id) {
     it = reg.ids.emplace(key, fresh).first;
   }
   *id = it->second;
-  return Status::OK();
+  return Status();
 }
 
 void ForgetUniqueId(const std::string& key) {

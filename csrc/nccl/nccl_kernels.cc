@@ -54,11 +54,11 @@ namespace {
 
 Status NcclType(DataType dtype, ncclDataType_t* type) {
   switch (dtype) {
-    case tensorflow::DT_HALF: *type = ncclHalf; return Status::OK();
-    case tensorflow::DT_FLOAT: *type = ncclFloat; return Status::OK();
-    case tensorflow::DT_DOUBLE: *type = ncclDouble; return Status::OK();
-    case tensorflow::DT_INT32: *type = ncclInt32; return Status::OK();
-    case tensorflow::DT_INT64: *type = ncclInt64; return Status::OK();
+    case tensorflow::DT_HALF: *type = ncclHalf; return Status();
+    case tensorflow::DT_FLOAT: *type = ncclFloat; return Status();
+    case tensorflow::DT_DOUBLE: *type = ncclDouble; return Status();
+    case tensorflow::DT_INT32: *type = ncclInt32; return Status();
+    case tensorflow::DT_INT64: *type = ncclInt64; return Status();
     default:
       return errors::InvalidArgument("NCCL has no type for ", DataTypeString(dtype));
   }
@@ -90,7 +90,7 @@ Status ComputeStream(OpKernelContext* ctx, int* gpu, cudaStream_t* stream) {
   if (member == nullptr) return errors::Internal("no CUDA stream behind TF's GPU stream");
   *gpu = info->gpu_id;
   *stream = *reinterpret_cast<cudaStream_t*>(member);
-  return Status::OK();
+  return Status();
 }
 
 Status ReadUniqueId(OpKernelContext* ctx, ncclUniqueId* id) {
@@ -101,7 +101,7 @@ Status ReadUniqueId(OpKernelContext* ctx, ncclUniqueId* id) {
                                    words->shape().DebugString());
   }
   std::memcpy(id, words->tensor_data().data(), sizeof(*id));
-  return Status::OK();
+  return Status();
 }
 
 }  // namespace
@@ -165,7 +165,7 @@ class NcclKernel : public AsyncOpKernel {
       TF_RETURN_IF_ERROR(ctx->allocate_output(0, shape, &out));
     }
     call->output = *out;
-    return Status::OK();
+    return Status();
   }
 
   Status CheckRows(const Tensor& input) const {
@@ -173,7 +173,7 @@ class NcclKernel : public AsyncOpKernel {
       return errors::InvalidArgument("dim 0 of ", input.shape().DebugString(),
                                      " must be divisible by the group size ", size_);
     }
-    return Status::OK();
+    return Status();
   }
 
   int rank_ = 0;
@@ -208,7 +208,7 @@ class NcclKernel : public AsyncOpKernel {
       TF_RETURN_IF_ERROR(
           ctx->allocate_temp(call->output.dtype(), call->output.shape(), &call->device_out));
     }
-    return Status::OK();
+    return Status();
   }
 
   Status Run(Comm* comm, Call* call) {
@@ -230,7 +230,7 @@ class NcclKernel : public AsyncOpKernel {
   // Staging copy on the private stream; a no-op when nothing was staged.
   static Status Copy(const Tensor& to, const Tensor& from, cudaMemcpyKind kind, Comm* comm) {
     const Tensor& staged = kind == cudaMemcpyHostToDevice ? to : from;
-    if (!staged.IsInitialized() || staged.NumElements() == 0) return Status::OK();
+    if (!staged.IsInitialized() || staged.NumElements() == 0) return Status();
     return CudaStatus(cudaMemcpyAsync(const_cast<char*>(to.tensor_data().data()),
                                       from.tensor_data().data(), from.TotalBytes(), kind,
                                       comm->stream()),
@@ -251,10 +251,10 @@ Status ReductionOp(OpKernelConstruction* ctx, ncclRedOp_t* op) {
   std::string reduction;
   TF_RETURN_IF_ERROR(ctx->GetAttr("reduction", &reduction));
   *op = ncclSum;
-  if (reduction == "sum") return Status::OK();
+  if (reduction == "sum") return Status();
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
   *op = ncclAvg;
-  return Status::OK();
+  return Status();
 #else
   return errors::Unimplemented("reduction='mean' needs NCCL >= 2.10 (ncclAvg); this build "
                                "has ", NCCL_VERSION_CODE, ": use 'sum' and divide");
@@ -295,7 +295,7 @@ class AllGatherOp : public NcclKernel {
     Tensor* out = nullptr;  // never in place: the output is larger
     TF_RETURN_IF_ERROR(ctx->allocate_output(0, shape, &out));
     call->output = *out;
-    return Status::OK();
+    return Status();
   }
   Status Launch(Comm* comm, Call* call) override {
     return NcclStatus(ncclAllGather(call->in(), call->out(), call->count, call->type,
@@ -319,7 +319,7 @@ class ReduceScatterOp : public NcclKernel {
     Tensor* out = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(0, shape, &out));
     call->output = *out;
-    return Status::OK();
+    return Status();
   }
   Status Launch(Comm* comm, Call* call) override {
     return NcclStatus(ncclReduceScatter(call->in(), call->out(), call->count, call->type, op_,
@@ -342,7 +342,7 @@ class AllToAllOp : public NcclKernel {
     Tensor* out = nullptr;  // never in place: every chunk is read and written
     TF_RETURN_IF_ERROR(ctx->allocate_output(0, call->input.shape(), &out));
     call->output = *out;
-    return Status::OK();
+    return Status();
   }
   Status Launch(Comm* comm, Call* call) override {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 7, 0)
@@ -428,7 +428,7 @@ class BroadcastOp : public NcclKernel {
                                      -host[3], " to ", host[2], ")");
     }
     *root = static_cast<int>(host[1]);
-    return Status::OK();
+    return Status();
   }
 
   TensorShape shape_;

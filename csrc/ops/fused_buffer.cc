@@ -61,12 +61,12 @@ REGISTER_OP("EplPack")
         tensorflow::int64 n = c->Value(c->NumElements(c->input(i)));
         if (n == InferenceContext::kUnknownDim) {
           c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-          return Status::OK();
+          return Status();
         }
         total += n;
       }
       c->set_output(0, c->Vector(total));
-      return Status::OK();
+      return Status();
     })
     .Doc("Concatenates the flattened inputs into one 1-D tensor.");
 
@@ -88,7 +88,7 @@ REGISTER_OP("EplUnpack")
         TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &out));
         c->set_output(i, out);
       }
-      return Status::OK();
+      return Status();
     })
     .Doc("Splits a 1-D tensor made by EplPack back into tensors of the given shapes.");
 

@@ -40,14 +40,14 @@ Status GroupSize(InferenceContext* c, tensorflow::int64* size) {
   int value = 0;
   TF_RETURN_IF_ERROR(c->GetAttr("size", &value));
   *size = value;
-  return Status::OK();
+  return Status();
 }
 
 // Output shape = input shape (all-reduce, broadcast).
 Status SameShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(CheckUniqueId(c, 1));
   c->set_output(0, c->input(0));
-  return Status::OK();
+  return Status();
 }
 
 // The checks shared by gather and split shapes: the unique id, the group size,
@@ -67,7 +67,7 @@ Status GatherShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->Multiply(c->Dim(in, 0), size, &rows));
   TF_RETURN_IF_ERROR(c->ReplaceDim(in, 0, rows, &out));
   c->set_output(0, out);
-  return Status::OK();
+  return Status();
 }
 
 // Dim 0 must split evenly over the group; `divide` says whether the output
@@ -80,11 +80,11 @@ Status SplitShape(InferenceContext* c, bool divide) {
   TF_RETURN_IF_ERROR(c->Divide(c->Dim(in, 0), size, /*evenly_divisible=*/true, &chunk));
   if (!divide) {
     c->set_output(0, in);
-    return Status::OK();
+    return Status();
   }
   TF_RETURN_IF_ERROR(c->ReplaceDim(in, 0, chunk, &out));
   c->set_output(0, out);
-  return Status::OK();
+  return Status();
 }
 
 }  // namespace
@@ -105,7 +105,7 @@ REGISTER_OP("EplNcclUniqueId")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->Vector(kUniqueIdWords));
-      return Status::OK();
+      return Status();
     })
     .Doc(R"doc(
 An ncclUniqueId (128 bytes as int64[16], host memory) for `communicator`.
@@ -170,7 +170,7 @@ REGISTER_OP("EplNcclBroadcastRecv")
       ShapeHandle out;
       TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shape, &out));
       c->set_output(0, out);
-      return Status::OK();
+      return Status();
     })
     .Doc(R"doc(
 Receives the tensor that the group's EplNcclBroadcast member sends.

@@ -36,7 +36,7 @@ using tensorflow::TensorShape;
 using tensorflow::shape_inference::InferenceContext;
 
 Status ToStatus(const ring::Result& result, const std::string& what) {
-  if (result.ok()) return Status::OK();
+  if (result.ok()) return Status();
   return tensorflow::errors::DeadlineExceeded("EPL ring ", what, ": ", result.error);
 }
 
@@ -68,7 +68,7 @@ REGISTER_OP("EplRingListen")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->Scalar());
-      return Status::OK();
+      return Status();
     });
 
 REGISTER_OP("EplRingConnect")
@@ -83,7 +83,7 @@ REGISTER_OP("EplRingConnect")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->Scalar());
-      return Status::OK();
+      return Status();
     })
     .Doc("ready: 1 when connected, plus 2 if the link to the successor and 4 if the link "
          "from the predecessor use shared memory.");
@@ -103,7 +103,7 @@ REGISTER_OP("EplRingAllReduce")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(0));
-      return Status::OK();
+      return Status();
     })
     .Doc("Ring all-reduce over TCP. With wire_float16 (float32 input only) chunks travel "
          "as float16 of value*scale and are accumulated in float32.");

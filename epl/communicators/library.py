@@ -10,8 +10,21 @@ the fallbacks for both (tests compare both paths).
 import logging
 import os
 
+from epl import tf_adapter
+
 LOG = logging.getLogger("epl")
-LIB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib")
+_BASE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib")
+
+
+def _library_dir():
+    """Where this TensorFlow's build is: a source tree holds TF1's in epl/lib/ and a later
+    TF's in epl/lib/tf<major>/ (tools/build_ops.sh); an installed EPL has only its own
+    TF's build, in epl/lib/."""
+    own = os.path.join(_BASE_DIR, tf_adapter.OP_LIBRARY_SUBDIR)
+    return own if os.path.exists(os.path.join(own, "libepl_ops.so")) else _BASE_DIR
+
+
+LIB_DIR = _library_dir()
 LIBRARY_PATH = os.path.join(LIB_DIR, "libepl_ops.so")
 NCCL_LIBRARY_PATH = os.path.join(LIB_DIR, "libepl_nccl_ops.so")
 _STATE = {}
@@ -31,9 +44,8 @@ def _load():
         LOG.warning("EPL op library not built (%s): collectives and gradient buffers use "
                     "TensorFlow's ops; `python -m epl.check_build` says why", LIBRARY_PATH)
         return None
-    from epl.tf_adapter import tf
     try:
-        return tf.load_op_library(LIBRARY_PATH)
+        return tf_adapter.tf.load_op_library(LIBRARY_PATH)
     except Exception as err:  # a stale or ABI-mismatched build must not break EPL
         _STATE["error"] = str(err)
         LOG.warning("EPL op library %s failed to load (%s); using TensorFlow fallbacks",
@@ -69,9 +81,8 @@ def _load_nccl():
         LOG.debug("EPL NCCL kernels not built (%s); GPU groups use TF collectives",
                   NCCL_LIBRARY_PATH)
         return None
-    from epl.tf_adapter import tf
     try:
-        return tf.load_op_library(NCCL_LIBRARY_PATH)
+        return tf_adapter.tf.load_op_library(NCCL_LIBRARY_PATH)
     except Exception as err:  # e.g. libnccl or CUDA missing at run time: keep EPL working
         _STATE["nccl_error"] = str(err)
         LOG.warning("EPL NCCL kernels %s failed to load (%s); GPU groups use TF collectives",

@@ -1,10 +1,12 @@
 """Collective backend on TensorFlow's collective ops (CPU and GPU, local and gRPC).
 
-TF ranks group members by sorting their device names as strings (so
-``CPU:10`` comes before ``CPU:2``); this backend maps results back to the
+TF ranks group members by sorting their device names (TF 1.15 sorts them as
+strings, so ``CPU:10`` comes before ``CPU:2``; TF 2.x by task and device index:
+``tf_adapter.collective_rank_order``); this backend maps results back to the
 group's own device order, and builds reduce_scatter and alltoall, which TF
 1.15 lacks, from all-reduce and all-gather.
 """
+from epl import tf_adapter
 from epl.tf_adapter import collective_ops, tf
 
 
@@ -19,7 +21,7 @@ def _group_order(tensor, group, per_member_rows):
     """Reorder an all-gather result from TF's rank order to ``group.devices`` order.
 
     ``per_member_rows`` is None when the row count is only known at run time."""
-    tf_order = sorted(group.devices)
+    tf_order = tf_adapter.collective_rank_order(group.devices)
     perm = [tf_order.index(d) for d in group.devices]
     if perm == list(range(group.size)):
         return tensor

@@ -1,7 +1,8 @@
 """Plain TF's seeds for random ops built after split layers.
 
 Under a graph-level seed (``tf.set_random_seed``) TensorFlow seeds every random
-op that has no seed of its own with the number of ops created before it. Split
+op that has no seed of its own with the number of ops created before it (TF 1.15;
+TF 2.x counts the seeds drawn: :func:`epl.tf_adapter.seed_position`). Split
 layers build other ops than plain TF (collective stand-ins, a sharded loss), so
 every random op after them, the initializers of later layers' variables
 included, would draw other values than the same program without EPL.
@@ -36,11 +37,11 @@ def offset(graph):
 @contextlib.contextmanager
 def replacing(graph, plain_count):
     """The ops created inside stand for ``plain_count`` ops of plain TF."""
-    start = tf_adapter.last_op_id(graph)
+    start = tf_adapter.seed_position(graph)
     try:
         yield
     finally:
-        made = tf_adapter.last_op_id(graph) - start
+        made = tf_adapter.seed_position(graph) - start
         if made != plain_count:
             _OFFSETS[graph] = offset(graph) + made - plain_count
 
@@ -55,13 +56,14 @@ def plain_op_count(function, arguments, shapes):
     ({argument name: static shape}) give the unsplit shapes of tensor arguments.
     Built on placeholders in a scratch graph that is thrown away."""
     with tf.Graph().as_default() as scratch:
+        tf.set_random_seed(0)  # TF 2.x counts seeds drawn only under a graph-level seed
         replaced = dict(arguments)
         for name, value in arguments.items():
             if isinstance(value, tf.Tensor):
                 replaced[name] = tf.placeholder(value.dtype, shapes.get(name, value.shape))
-        start = tf_adapter.last_op_id(scratch)
+        start = tf_adapter.seed_position(scratch)
         function(**replaced)
-        return tf_adapter.last_op_id(scratch) - start
+        return tf_adapter.seed_position(scratch) - start
 
 
 def wrap_get_seed(original):
@@ -71,6 +73,7 @@ def wrap_get_seed(original):
         if op_seed is None and not tf_adapter.executing_eagerly():
             graph = tf_adapter.get_default_graph()
             if graph.seed is not None and offset(graph):
-                op_seed = tf_adapter.last_op_id(graph) - offset(graph)
+                return tf_adapter.seeds_at(original, graph,
+                                           tf_adapter.seed_position(graph) - offset(graph))
         return original(op_seed)
     return get_seed

@@ -108,7 +108,7 @@ def _arg(arg, name, dtype):
 
 
 def _check_argument(tensor):
-    if tensor.dtype._is_ref_dtype:  # pylint: disable=protected-access
+    if tf_adapter.is_ref_dtype(tensor.dtype):
         raise ValueError("EPL internal error: ref tensor %s cannot enter a function"
                          % tensor.name)
 

@@ -35,10 +35,11 @@ def _view(tf_graph=None):
 def _wrap_add_op(original):
     @functools.wraps(original)
     def _add_op(self, op):
-        original(self, op)
+        op_id = original(self, op)  # None in TF 1.15; the op's id in TF 2.x
         view = _view(self)
         if view is not None:
             view.register_op(op, get_context().current)
+        return op_id
     return _add_op
 
 
@@ -98,6 +99,7 @@ def _wrap_apply_gradients(original, provider):
 
     @functools.wraps(original)
     def apply_gradients(self, *args, **kwargs):
+        _refuse_function_step(self)
         view = _view()
         if view is None or view.phase in (Phase.APPLY, Phase.EPL):
             return original(self, *args, **kwargs)
@@ -129,6 +131,32 @@ def build_context(view, env):
                  for tg in view.live_taskgraphs()]
         return make_plan(env.config, env.cluster, specs)
     return build_time.BuildContext(view, env.config, env.cluster, plan_of)
+
+
+def _refuse_function_step(optimizer):
+    """A training step traced inside a ``tf.function`` is invisible to EPL (its ops live
+    in the function's body, run by one call op): refuse it, rather than train serially."""
+    if tf_adapter.is_function_graph(tf_adapter.get_default_graph()):
+        raise RuntimeError(
+            "EPL cannot parallelize a training step built inside a tf.function: %s."
+            "apply_gradients was called while tracing one. EPL rewrites TF1-style graph "
+            "programs: build the step in the graph (remove @tf.function around it, call "
+            "optimizer.minimize / apply_gradients there) and run the train op in a "
+            "tf.compat.v1.Session or MonitoredTrainingSession (docs/tf2.md)."
+            % type(optimizer).__name__)
+
+
+def _refuse_keras_training(original):
+    """Keras ``Model.fit`` (and ``fit_generator``, ``train_on_batch``) runs its own
+    training loop and session, which EPL does not rewrite: refuse it with what to do."""
+    @functools.wraps(original)
+    def keras_training(self, *args, **kwargs):
+        raise RuntimeError(
+            "EPL does not parallelize Keras %s.%s(): EPL rewrites TF1-style graph programs. "
+            "Keep the Keras model, build the loss and optimizer.minimize(loss) in the graph "
+            "and run the train op in a tf.compat.v1.Session or MonitoredTrainingSession "
+            "(or an Estimator); see docs/tf2.md." % (type(self).__name__, original.__name__))
+    return keras_training
 
 
 _OFF, _ON = "off", "on"
@@ -258,5 +286,9 @@ def patches(provider):
         MethodCoverage(tf_adapter.OPTIMIZER_BASES, "apply_gradients",
                        lambda original: _wrap_apply_gradients(original, provider)).patch("graph"),
         Patch("graph", tf_adapter.SAVER_INIT, _wrap_saver_init),
+    ] + [
+        MethodCoverage(tf_adapter.KERAS_MODEL_BASES, method, _refuse_keras_training).patch("graph")
+        for method in ("fit", "fit_generator", "train_on_batch")
+    ] + [
         Patch("graph", tf_adapter.SCAFFOLD_FINALIZE, _wrap_session_phase),
     ]

@@ -386,7 +386,7 @@ def _weight_like(op, memo):
 
 
 def _is_float(tensor):
-    return tensor.dtype.base_dtype.name in _FLOAT_NAMES and not tensor.dtype._is_ref_dtype
+    return tensor.dtype.name in _FLOAT_NAMES  # a ref dtype is named "float32_ref"
 
 
 class _Sizes(object):

@@ -29,20 +29,39 @@ class HookRegistry(object):
                 return False
             for patch in self._patches:
                 owner, attr = patch.target
-                original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+                original = _own_attribute(owner, attr)
                 self._originals[patch.target] = original
-                wrapper = patch.make_wrapper(_unwrap(original))
+                wrapper = patch.make_wrapper(_unwrap(getattr(owner, attr)
+                                                     if original is _INHERITED else original))
                 setattr(owner, attr, _rewrap(original, wrapper))
             return True
 
     def uninstall(self):
         with self._lock:
             for (owner, attr), original in self._originals.items():
-                setattr(owner, attr, original)
+                if original is _INHERITED:
+                    delattr(owner, attr)
+                else:
+                    setattr(owner, attr, original)
             self._originals.clear()
 
     def concerns(self):
         return sorted(set(p.concern for p in self._patches))
+
+
+# A class attribute the class inherits (TF 2.x's Graph._add_op lives in its C++ base class):
+# the wrapper is set on the class itself, and uninstall deletes it again.
+_INHERITED = object()
+
+
+def _own_attribute(owner, attr):
+    """``owner``'s own attribute (a class's descriptor, not the bound lookup), or _INHERITED."""
+    if not isinstance(owner, type):
+        return getattr(owner, attr)
+    if attr in owner.__dict__:
+        return owner.__dict__[attr]
+    getattr(owner, attr)  # AttributeError names the missing target
+    return _INHERITED
 
 
 def _unwrap(attribute):

@@ -17,11 +17,14 @@ denied here (a product overflows float16 quickly) and the backward-only ops of
 grappler's lists are absent because AMP rewrites the forward graph only.
 
 ``NO_HALF_KERNEL`` names listed ops that have no float16 kernel on a device
-kind in TensorFlow 1.15 (checked against TF's kernel registry by
+kind in the installed TensorFlow (the CPU set is per TF version, from
+:mod:`epl.tf_adapter`; checked against TF's kernel registry by
 tests/graph/test_amp.py); on such devices they stay float32.
 
-This module imports nothing from TensorFlow.
+Apart from that table, this module uses nothing from TensorFlow.
 """
+from epl import tf_adapter
+
 ALLOW, INFER, DENY, CLEAR = "allow", "infer", "deny", "clear"
 
 _ALLOW = """
@@ -56,10 +59,10 @@ LISTS = {
     CLEAR: frozenset(_CLEAR.split()),
 }
 
-# device kind -> listed op types without a float16 kernel there (TF 1.15.5)
+# device kind -> listed op types without a float16 kernel there (they depend on the
+# TensorFlow version: TF 2.x has a CPU float16 Einsum, TF 1.15.5 does not)
 NO_HALF_KERNEL = {
-    "CPU": frozenset(["AvgPool3D", "CudnnRNN", "CudnnRNNV2", "CudnnRNNV3", "Einsum",
-                      "GRUBlockCell", "MaxPool3D"]),
+    "CPU": tf_adapter.LISTED_OPS_WITHOUT_CPU_HALF_KERNEL,
     "GPU": frozenset(),
 }
 

@@ -157,7 +157,7 @@ class Region(object):
             return False
         if not op.inputs or tf_adapter.touches_state(op):
             return False
-        return not any(t.dtype in (tf.resource, tf.variant) or t.dtype._is_ref_dtype
+        return not any(t.dtype in (tf.resource, tf.variant) or tf_adapter.is_ref_dtype(t.dtype)
                        for t in list(op.outputs) + list(op.inputs))
 
     def consumers(self, op):

@@ -36,6 +36,7 @@ from epl.config import ConfigError
 from epl.ir.traverse import unique_ops
 from epl.ir.features import FeatureSlot
 from epl.runtime import gc_graph, gc_select
+from epl import tf_adapter
 from epl.tf_adapter import tf
 
 LOG = logging.getLogger("epl.gradient_checkpoint")
@@ -390,7 +391,7 @@ def _tensor(value):
 def _x_tensor(x):
     """What tf.gradients differentiates for an x: a variable's handle (resource) or
     its ref tensor, else the tensor itself."""
-    if isinstance(x, tf.Variable):
+    if tf_adapter.is_variable(x):
         handle = getattr(x, "handle", None)
         return handle if handle is not None and handle.dtype == tf.resource \
             else x.op.outputs[0]

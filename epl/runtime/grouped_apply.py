@@ -37,11 +37,11 @@ Example::
 import contextlib
 import logging
 
+from epl import tf_adapter
 from epl.tf_adapter import tf
 
 LOG = logging.getLogger("epl")
 _WARNED = set()
-_MISSING = object()
 
 
 def applies(config):
@@ -177,7 +177,7 @@ def _create_all_slots(optimizer, variables):
     them (``_zeros_slot`` and ``_create_non_slot_variable`` create only what is
     missing)."""
     with tf.init_scope():
-        optimizer._create_slots(variables)  # pylint: disable=protected-access
+        tf_adapter.create_slots(optimizer, variables)
 
 
 def _group_only(update_ops, name_scope):
@@ -189,15 +189,8 @@ def _group_only(update_ops, name_scope):
 def _plain_finish(optimizer):
     """Inside, ``optimizer._finish`` only groups the updates, so shared state (Adam's
     beta powers) is left to the last group's real ``_finish``."""
-    own = vars(optimizer).get("_finish", _MISSING)
-    optimizer._finish = _group_only  # pylint: disable=protected-access
-    try:
+    with tf_adapter.finishing_with(optimizer, _group_only):
         yield
-    finally:
-        if own is _MISSING:
-            del optimizer._finish  # pylint: disable=protected-access
-        else:
-            optimizer._finish = own  # pylint: disable=protected-access
 
 
 def _forget_train_op(op):

@@ -26,6 +26,7 @@ _CHILD = textwrap.dedent("""
     import sys
     import numpy as np
     import tensorflow.compat.v1 as tf
+    tf.disable_v2_behavior()
     from epl.communicators import library
     dtype = tf.as_dtype(sys.argv[1])
     sizes = [int(s) for s in sys.argv[2].split(",")]
@@ -71,6 +72,7 @@ def test_random_odd_sizes_property():
 
 def test_unpack_bad_buffer_is_a_tf_error_naming_op_and_sizes():
     import tensorflow.compat.v1 as tf
+    tf.disable_v2_behavior()
     ops = library.load()
     with tf.Graph().as_default():
         buffer = tf.placeholder(tf.float32, [None])

@@ -251,8 +251,6 @@ def _add_functions(graph, fdefs):
 def _set_function_attr(op, attr, function):
     """Point function-valued attribute ``attr`` of ``op`` at ``function``.
 
-    Uses ``Operation._set_attr``; it belongs next to ``update_input`` in
-    ``epl/tf_adapter.py`` (kept here while that file is edited by others).
     """
     value = tf.AttrValue(func=tf.NameAttrList(name=function))
-    op._set_attr(attr, value)  # pylint: disable=protected-access
+    tf_adapter.set_attr(op, attr, value)

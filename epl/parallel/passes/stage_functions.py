@@ -128,7 +128,7 @@ def _invariant_reads(ops):
     for op in ops:
         written.update(v.name for v in tf_adapter.written_variables(op))
     return set(op.name for op in ops if op.type == "Identity" and len(op.inputs) == 1
-               and not op.control_inputs and op.inputs[0].dtype._is_ref_dtype
+               and not op.control_inputs and tf_adapter.is_ref_dtype(op.inputs[0].dtype)
                and tf_adapter.is_variable_op(op.inputs[0].op)
                and op.inputs[0].op.name not in written)
 
@@ -180,7 +180,7 @@ def _movable(ctx, op, blocked):
         return False
     if op.name in ctx.roles.pinned or op.name in ctx.view.specialized:
         return False
-    if any(t.dtype._is_ref_dtype for t in list(op.inputs) + list(op.outputs)):
+    if any(tf_adapter.is_ref_dtype(t.dtype) for t in list(op.inputs) + list(op.outputs)):
         return False
     return not tf_adapter.writes_variable(op)
 

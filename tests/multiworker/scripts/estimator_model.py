@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import tensorflow.compat.v1 as tf
+tf.disable_v2_behavior()  # TF 2.x: graph mode (docs/tf2.md); nothing on TF 1.15
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 

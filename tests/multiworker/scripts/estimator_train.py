@@ -14,6 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "..")]
 
 import tensorflow.compat.v1 as tf  # noqa: E402
+tf.disable_v2_behavior()  # TF 2.x: graph mode (docs/tf2.md); nothing on TF 1.15
 
 import epl  # noqa: E402
 from eplutil import make_data, worker_rows  # noqa: E402

@@ -14,6 +14,8 @@ import tensorflow.compat.v1 as tf
 
 import epl
 
+tf.disable_v2_behavior()  # TF 2.x: graph mode (docs/tf2.md); nothing on TF 1.15
+
 CLASSES, FEATURES, BATCH = 11, 6, 4
 
 

@@ -1,0 +1,32 @@
+"""What :mod:`epl.tf_adapter` needs that is particular to TensorFlow 1.15.
+
+Imported only by ``epl/tf_adapter.py``, once, when the installed TensorFlow is 1.x;
+``epl/tf_adapter_tf2.py`` holds the same names for TensorFlow 2.x.
+"""
+
+# The op library built against TF 1.15 stays in epl/lib/ (tools/build_ops.sh).
+OP_LIBRARY_SUBDIR = ""
+# AMP-listed op types without a float16 CPU kernel in TF 1.15.5 (tests/graph/test_amp.py
+# checks this against the kernel registry).
+LISTED_OPS_WITHOUT_CPU_HALF_KERNEL = frozenset([
+    "AvgPool3D", "CudnnRNN", "CudnnRNNV2", "CudnnRNNV3", "Einsum", "GRUBlockCell", "MaxPool3D"])
+
+
+def seed_position(graph):
+    """TF 1.15 seeds an unseeded random op with the id of the last op created."""
+    return graph._last_id  # pylint: disable=protected-access
+
+
+def seeds_at(get_seed, graph, position):
+    return get_seed(position)  # the op count advances by itself
+
+
+def collective_rank_order(devices):
+    """TF 1.15 ranks collective members by their device names as strings."""
+    return sorted(devices)
+
+
+def c_api():
+    """TF 1.15's C API module (graph import with results)."""
+    from tensorflow.python import pywrap_tensorflow as c_api
+    return c_api

@@ -1,0 +1,45 @@
+"""What :mod:`epl.tf_adapter` needs that is particular to TensorFlow 2.x (run through
+``tf.compat.v1`` in graph mode, docs/tf2.md).
+
+Imported only by ``epl/tf_adapter.py``, once, when the installed TensorFlow is 2.x;
+``epl/tf_adapter_tf1.py`` holds the same names for TensorFlow 1.15.
+"""
+
+# A source tree can hold a TF1 and a TF2 build side by side (tools/build_ops.sh).
+OP_LIBRARY_SUBDIR = "tf2"
+# AMP-listed op types without a float16 CPU kernel in TF 2.15 (Einsum has one there;
+# tests/graph/test_amp.py checks this against the kernel registry).
+LISTED_OPS_WITHOUT_CPU_HALF_KERNEL = frozenset([
+    "AvgPool3D", "CudnnRNN", "CudnnRNNV2", "CudnnRNNV3", "GRUBlockCell", "MaxPool3D"])
+
+
+def seed_position(graph):
+    """TF 2.x seeds an unseeded random op with the count of seeds drawn in its graph."""
+    from tensorflow.python.framework import random_seed
+    return random_seed._graph_to_seed_dict.get(graph, 0)  # pylint: disable=protected-access
+
+
+def seeds_at(get_seed, graph, position):
+    """``get_seed(position)``; an explicit op seed does not count as a draw in TF 2.x, so
+    the count advances here, as it would have for an unseeded op."""
+    from tensorflow.python.framework import random_seed
+    seeds = get_seed(position)
+    random_seed._graph_to_seed_dict[graph] = seed_position(graph) + 1  # noqa (protected)
+    return seeds
+
+
+def collective_rank_order(devices):
+    """TF 2.x ranks collective members by task, then device index (numerically)."""
+    import tensorflow.compat.v1 as tf
+
+    def key(device):
+        spec = tf.DeviceSpec.from_string(device)
+        return (spec.job or "", spec.replica or 0, spec.task or 0, spec.device_type or "",
+                spec.device_index or 0, device)
+    return sorted(devices, key=key)
+
+
+def c_api():
+    """TF 2.x's C API module (graph import with results)."""
+    from tensorflow.python.client import pywrap_tf_session as c_api
+    return c_api
