@@ -20,7 +20,8 @@ PACKAGE = os.path.join(REPO_ROOT, "epl")
 
 # (floor, its modules and packages, what it holds), lowest first.
 FLOORS = (
-    ("base", ("epl.version", "epl.checks", "epl.tf_adapter", "epl.buckets", "epl.protocols"),
+    ("base", ("epl.version", "epl.checks", "epl.tf_adapter", "epl.tf_adapter_tf1",
+              "epl.tf_adapter_tf2", "epl.buckets", "epl.protocols"),
      "no EPL imports: the TF adapter, count checks, bucket planning, the pass and hook "
      "protocols"),
     ("description", ("epl.config", "epl.availability", "epl.cluster"),
