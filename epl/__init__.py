@@ -10,7 +10,7 @@ Quick start::
 Names are loaded lazily so that ``epl-launch`` starts without importing
 TensorFlow.
 """
-import importlib
+from epl.lazy import lazy_exports
 
 from epl.version import VERSION
 
@@ -38,17 +38,4 @@ _EXPORTS = {
     "MemoryEstimateError": "epl.profiler.memory_estimate",
 }
 
-__all__ = sorted(_EXPORTS) + ["VERSION"]
-
-
-def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError("module 'epl' has no attribute %r" % name)
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports('epl', _EXPORTS, globals(), extra=("VERSION",))

@@ -4,7 +4,7 @@ Names are loaded lazily: the kinds and phases (``epl.ir.taskgraph``,
 ``epl.ir.phase``) are plain Python that the planner and the strategy scopes
 use without importing TensorFlow; the graph view needs TensorFlow.
 """
-import importlib
+from epl.lazy import lazy_exports
 
 _EXPORTS = {
     "Graph": "epl.ir.graph",
@@ -17,17 +17,4 @@ _EXPORTS = {
     "get_all_collections": "epl.ir.outputs",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError("module 'epl.ir' has no attribute %r" % name)
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports('epl.ir', _EXPORTS, globals())

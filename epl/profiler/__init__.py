@@ -17,7 +17,7 @@ Importing this package never imports matplotlib; only ``visualize=True`` does.
 Names are loaded lazily, so the pure memory estimate (and the plan printer,
 ``python -m epl.plan_cli``) do not import TensorFlow. See docs/profiler.md.
 """
-import importlib
+from epl.lazy import lazy_exports
 
 _EXPORTS = {
     "DeviceMemory": "epl.profiler.run_metadata",
@@ -30,17 +30,4 @@ _EXPORTS = {
     "profile_memory": "epl.profiler.profiler",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError("module 'epl.profiler' has no attribute %r" % name)
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports('epl.profiler', _EXPORTS, globals())
