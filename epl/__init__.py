@@ -12,7 +12,7 @@ TensorFlow.
 """
 from epl.lazy import lazy_exports
 
-from epl.version import VERSION
+from epl.version import VERSION  # noqa: F401 (public, listed in __all__)
 
 _EXPORTS = {
     "Config": "epl.config",
