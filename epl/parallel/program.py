@@ -7,6 +7,7 @@ that every replica takes part in the step, and how to bring replicas in sync
 before the first step.
 """
 import logging
+import threading
 
 from epl.ir.traverse import ancestors
 
@@ -59,6 +60,8 @@ class ParallelProgram(object):
         self.setup_op = None
         self.linked_init = False
         self.init_check = None  # scalar bool: are the user's variables initialized?
+        self._sync_builder = None  # builds sync_op and init_check when first needed
+        self._sync_lock = threading.Lock()
         # after_sync: callables(run, restored) run once after each sync_op, in order;
         # ``run(fetches, feed_dict)`` runs guarded, ``restored`` is (saver, path) of the
         # session's last restore or None (ZeRO restores the owners' slots there).
@@ -92,7 +95,21 @@ class ParallelProgram(object):
 
     @property
     def needs_sync(self):
-        return self.sync_op is not None
+        return (self.sync_op is not None or self.setup_op is not None
+                or self._sync_builder is not None)
+
+    def defer_sync(self, builder):
+        """``builder(program)`` sets ``sync_op`` and ``init_check`` when a session
+        first needs them (:meth:`build_sync`): on one worker whose copies the user's
+        initializers set (``linked_init``), only a restore needs the broadcast."""
+        self._sync_builder = builder
+
+    def build_sync(self):
+        """Build the deferred broadcast now (once, whichever session asks first)."""
+        with self._sync_lock:
+            builder, self._sync_builder = self._sync_builder, None
+            if builder is not None:
+                builder(self)
 
     def map_element(self, element):
         """(what to fetch for a user fetch element, extra ops to run with it).

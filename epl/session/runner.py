@@ -69,10 +69,12 @@ def ensure_synced(session, program, run):
             if program.setup_op is not None:
                 guarded(program, [program.setup_op], lambda: run(session, program.setup_op))
         else:
+            program.build_sync()  # deferred until a restore (or an unknown state) needs it
             if program.init_check is not None and not run(session, program.init_check):
                 return
-            guarded(program, [program.sync_op], lambda: run(session, program.sync_op))
-            LOG.info("EPL synchronized replica variables with worker 0's replica 0")
+            if program.sync_op is not None:
+                guarded(program, [program.sync_op], lambda: run(session, program.sync_op))
+                LOG.info("EPL synchronized replica variables with worker 0's replica 0")
         restored = _RESTORED.get(session)
         for step in program.after_sync:
             step(lambda fetches, feed: guarded(program, [getattr(fetches, "op", fetches)],
