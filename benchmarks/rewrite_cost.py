@@ -15,7 +15,10 @@ replicas rows, no EPL) and once under EPL:
 * ``steady s``: mean time of the following steps;
 * ``peak MB per stage``: peak bytes allocated per device during one traced step
   (activations and temporaries, RunMetadata allocation records; variables are
-  persistent and not counted).
+  persistent and not counted). Not measured past ``TRACE_LIMIT`` layer x
+  micro-batch x replica calls: TF's full trace of a 48-layer, 32-micro-batch
+  stage-function step took more than 15 GB of host memory (the same step
+  untraced peaks at 5 GB), and the machine's 24 GB killed the process.
 
 The lowering of pipeline micro-batches is EPL's ``pipeline.micro_batching``:
 ``stage_functions`` (each stage's forward and backward built once and called per
@@ -28,7 +31,10 @@ at most 1.3x; steady step within 5% of the unrolled lowering at the same m;
 data parallelism with 2 local replicas within 1.3x plain TF.
 
     .venv/bin/python benchmarks/rewrite_cost.py [--sweeps m,layers,replicas,base]
-        [--repeats 2] [--steady-steps 3]
+        [--repeats 2] [--steady-steps 3] [--merge]
+
+``--merge`` keeps the records of configurations not run this time from the JSON
+already in ``--out`` (each run's command, date and load are listed).
 
 Writes benchmarks/results/rewrite_cost.{json,md}.
 """
@@ -45,6 +51,7 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 
 MICRO_BATCH = 4
+TRACE_LIMIT = 24 * 32  # layers x micro-batches x replicas up to which a step is traced
 TIMEOUT = 2400
 FUNCTIONS, UNROLLED = "stage_functions", "unrolled"
 
@@ -89,10 +96,13 @@ def child(args):
         for _ in range(args.steady_steps):
             sess.run(train)
         timings["steady_step"] = (time.time() - start) / max(args.steady_steps, 1)
-        meta = tf.RunMetadata()
-        sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
-                 run_metadata=meta)
-    counts["peak_bytes"] = _peaks(meta, devices if args.mode == "epl" else 1)
+        meta = None
+        if args.layers * args.micro_batches * args.replicas <= TRACE_LIMIT:
+            meta = tf.RunMetadata()
+            sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+                     run_metadata=meta)
+    counts["peak_bytes"] = (_peaks(meta, devices if args.mode == "epl" else 1)
+                            if meta is not None else None)
     common.bench_line(dict(timings, **counts))
 
 
@@ -187,6 +197,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=2,
                         help="fresh processes per configuration and side (the fastest is kept)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the records of configurations not run this time")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite the Markdown from the JSON already in --out")
     args = parser.parse_args(argv)
@@ -200,40 +212,70 @@ def main(argv=None):
         for config in SWEEPS[sweep]:
             size, layers, stages, micro, replicas, lowering = config
             key = (size, layers, micro * replicas)
-            if key not in plain_runs:  # plain TF only depends on the work per step
-                plain_runs[key] = best_of(args.repeats, config, "plain", args.steady_steps)
-            epl_run = best_of(args.repeats, config, "epl", args.steady_steps)
-            records.append(dict(sweep=sweep, size=size, layers=layers, stages=stages,
-                                micro_batches=micro, replicas=replicas,
-                                lowering=lowering or "-", plain=plain_runs[key], epl=epl_run))
-            print(_row(records[-1]), flush=True)
-    return _write(args.out, dict(records=records, repeats=args.repeats,
-                                 environment=common.environment_info(sys.argv)))
+            record = dict(sweep=sweep, size=size, layers=layers, stages=stages,
+                          micro_batches=micro, replicas=replicas, lowering=lowering or "-")
+            try:  # a failed configuration is reported in its row; the others still run
+                if key not in plain_runs:  # plain TF only depends on the work per step
+                    plain_runs[key] = best_of(args.repeats, config, "plain", args.steady_steps)
+                record.update(plain=plain_runs[key],
+                              epl=best_of(args.repeats, config, "epl", args.steady_steps))
+            except common.BenchmarkError as err:
+                record["error"] = str(err).splitlines()[0]
+            records.append(record)
+            print(_row(record), flush=True)
+    runs = [common.environment_info(sys.argv)]
+    if args.merge:
+        records, runs = _merged(args.out, records, runs)
+    return _write(args.out, dict(records=records, repeats=args.repeats, environment=runs[-1],
+                                 runs=runs))
+
+
+def _key(record):
+    return tuple(record[k] for k in ("sweep", "size", "layers", "stages", "micro_batches",
+                                     "replicas", "lowering"))
+
+
+def _merged(out, records, runs):
+    """Earlier records (of configurations not run now) first, then this run's;
+    the list of runs that produced them."""
+    try:
+        with open(os.path.join(out, "rewrite_cost.json")) as handle:
+            old = json.load(handle)
+    except (IOError, ValueError):
+        return records, runs
+    fresh = set(_key(r) for r in records)
+    kept = [r for r in old["records"] if _key(r) not in fresh]
+    order = list(SWEEPS)
+    merged = sorted(kept + records, key=lambda r: order.index(r["sweep"]))
+    return merged, old.get("runs", [old["environment"]]) + runs
 
 
 def _row(record):
+    head = [record["sweep"], "%s-%d" % (record["size"], record["layers"]), record["stages"],
+            record["micro_batches"], record["replicas"], record["lowering"]]
+    if "error" in record:
+        return head + ["failed: %s" % record["error"]] + [""] * 5
     plain, epl_run = record["plain"], record["epl"]
     mb = lambda value: "%.0f" % (value / 2.0 ** 20)
-    return [record["sweep"], "%s-%d" % (record["size"], record["layers"]), record["stages"],
-            record["micro_batches"], record["replicas"], record["lowering"],
+    return head + [
             "%.2f" % epl_run["rewrite"],
             "%.1f / %.1f (%.2fx)" % (plain["first_step"], epl_run["first_step"],
                                      epl_run["first_step"] / plain["first_step"]),
             "%d -> %d" % (epl_run["ops_before"], epl_run["ops_after"]),
             "%.1f" % (epl_run["graph_bytes"] / 2.0 ** 20),
             "%.2f / %.2f" % (plain["steady_step"], epl_run["steady_step"]),
-            " / ".join(mb(p) for p in epl_run["peak_bytes"])]
+            " / ".join(mb(p) for p in epl_run["peak_bytes"]) if epl_run["peak_bytes"]
+            else "not traced"]
 
 
 def _write(out, payload):
-    info = payload["environment"]
+    runs = payload.get("runs", [payload["environment"]])
     markdown = "\n".join([
         "# How EPL's cost grows with micro-batches, layers and replicas "
-        "(BERT-shaped encoder, 1 worker, virtual CPU devices)",
-        "", "- Command: `%s`" % info["command"],
-        "- Date: %s; EPL git %s" % (info["date"], info["git_revision"]),
-        "- %s, %s CPUs; load average at start %s" % (info["cpu_model"], info["cpu_count"],
-                                                     info["loadavg_start"]),
+        "(BERT-shaped encoder, 1 worker, virtual CPU devices)", ""] + [
+        "- Command: `%s`; %s; EPL git %s; %s, %s CPUs; load average at start %s"
+        % (info["command"], info["date"], info["git_revision"], info["cpu_model"],
+           info["cpu_count"], info["loadavg_start"]) for info in runs] + [
         "- mid = hidden 384, seq 32, 12 heads, intermediate 1536; base = BERT-base (hidden 768, "
         "seq 64); vocabulary 30522; micro-batch %d, Adam; plain TF runs the same work per step "
         "on one device" % MICRO_BATCH,
