@@ -275,7 +275,8 @@ def _write(out, payload):
         "(BERT-shaped encoder, 1 worker, virtual CPU devices)", ""] + [
         "- Command: `%s`; %s; EPL git %s; %s, %s CPUs; load average at start %s"
         % (info["command"], info["date"], info["git_revision"], info["cpu_model"],
-           info["cpu_count"], info["loadavg_start"]) for info in runs] + [
+           info["cpu_count"], info["loadavg_start"]) for info in runs]
+        + (["- Note: %s" % payload["note"]] if payload.get("note") else []) + [
         "- mid = hidden 384, seq 32, 12 heads, intermediate 1536; base = BERT-base (hidden 768, "
         "seq 64); vocabulary 30522; micro-batch %d, Adam; plain TF runs the same work per step "
         "on one device" % MICRO_BATCH,
