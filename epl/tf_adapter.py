@@ -195,6 +195,20 @@ def is_ref_dtype(dtype):
     return dtype._is_ref_dtype  # pylint: disable=protected-access
 
 
+# Attributes under which wrapper optimizers keep the optimizer they delegate to: TF's own
+# wrappers (MovingAverageOptimizer, the loss-scale optimizers), Horovod and tensor2tensor use
+# the first two, private ones.
+_WRAPPED_OPTIMIZER_ATTRIBUTES = ("_opt", "_optimizer", "optimizer", "_inner_optimizer")
+
+
+def wrapped_optimizer_candidates(optimizer):
+    """What a wrapper optimizer keeps under the attributes wrappers use for the optimizer
+    they delegate to, in that order (instance attributes only: no property runs)."""
+    found = vars(optimizer) if hasattr(optimizer, "__dict__") else {}
+    return [found[name] for name in _WRAPPED_OPTIMIZER_ATTRIBUTES
+            if found.get(name) is not None]
+
+
 def create_slots(optimizer, variables):
     """Let a tf.train optimizer create the slots (and non-slot variables such as Adam's
     beta powers) of ``variables`` now; it creates only what is missing later."""
@@ -611,7 +625,9 @@ def called_function_body(call_op):
     name = call_op.get_attr("f").name
     fdef = graph._get_function(name).definition  # pylint: disable=protected-access
     with graph.as_default():
-        return _fdef_to_graph.function_def_to_graph(fdef, [t.shape for t in call_op.inputs])
+        return _fdef_to_graph.function_def_to_graph(
+            fdef, input_shapes=[t.shape for t in call_op.inputs],
+            **_impl.FUNCTION_BODY_OPTIONS)
 
 
 def called_node_names(call_op):

@@ -13,6 +13,13 @@ LISTED_OPS_WITHOUT_CPU_HALF_KERNEL = frozenset([
     "AvgPool3D", "CudnnRNN", "CudnnRNNV2", "CudnnRNNV3", "GRUBlockCell", "MaxPool3D"])
 
 
+# What tf_adapter.called_function_body passes to function_def_to_graph on TF 2.x, where the
+# defaults changed: nested calls find their functions in the caller's library, and the body
+# keeps its devices, as on 1.15. (Its second positional argument is no longer the input
+# shapes: passed that way, the shapes were dropped and no op of a body had known shapes.)
+FUNCTION_BODY_OPTIONS = {"include_library_functions": True, "propagate_device_spec": True}
+
+
 def seed_position(graph):
     """TF 2.x seeds an unseeded random op with the count of seeds drawn in its graph."""
     from tensorflow.python.framework import random_seed

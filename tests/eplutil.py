@@ -5,6 +5,8 @@ under EPL on per-replica batches that partition each global batch, then
 compare weights.
 """
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -313,3 +315,36 @@ def run_launcher(args, timeout=200):
         raise AssertionError("epl-launch did not finish within %d s:\n%s"
                              % (timeout, output.decode(errors="replace")[-3000:]))
     return proc.returncode, output.decode(errors="replace")
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TF1 = tf.version.VERSION.startswith("1.")
+_TF_IMPORT = re.compile(r"^import tensorflow as tf$", re.M)
+
+
+def compat_v1_copy(source, target):
+    """A copy of the directory ``source`` (TF 1 programs: ``import tensorflow as tf``) in
+    ``target``, switched the way docs/tf2.md tells TF 2.x users (what ``tf_upgrade_v2``
+    produces): ``import tensorflow.compat.v1 as tf`` and ``tf.disable_v2_behavior()``.
+    Nothing else in the programs changes. Returns ``target``."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    for folder, _, files in os.walk(target):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path) as handle:
+                    text = handle.read()
+                with open(path, "w") as handle:
+                    handle.write(_TF_IMPORT.sub(
+                        "import tensorflow.compat.v1 as tf\ntf.disable_v2_behavior()", text))
+    return target
+
+
+def user_examples(tmp_path_factory):
+    """The examples/ directory as a user of this TensorFlow runs it: the seeds' TF 1
+    programs themselves on TF 1.15, their tf.compat.v1 switch (:func:`compat_v1_copy`)
+    on TF 2.x, where ``import tensorflow as tf`` is the TF 2 API."""
+    source = os.path.join(REPO, "examples")
+    if TF1:
+        return source
+    return compat_v1_copy(source, str(tmp_path_factory.mktemp("compat_v1") / "examples"))

@@ -28,9 +28,8 @@ Example::
     [o.__class__.__name__ for o in chain(opt)]   # ['MovingAverageOptimizer', 'AdamOptimizer']
 """
 
-# Attributes under which wrappers keep the optimizer they delegate to (TF's own wrappers,
-# Horovod and tensor2tensor use the first two).
-_INNER_ATTRIBUTES = ("_opt", "_optimizer", "optimizer", "_inner_optimizer")
+from epl import tf_adapter
+
 _MAX_DEPTH = 8
 
 # (module prefix, class name) -> what the class does, for the refusal message
@@ -53,10 +52,8 @@ class UnsupportedOptimizerError(ValueError):
 
 def inner(optimizer):
     """The optimizer ``optimizer`` delegates to, or None."""
-    found = vars(optimizer) if hasattr(optimizer, "__dict__") else {}
-    for name in _INNER_ATTRIBUTES:
-        candidate = found.get(name)
-        if candidate is not None and _is_optimizer(candidate):
+    for candidate in tf_adapter.wrapped_optimizer_candidates(optimizer):
+        if _is_optimizer(candidate):
             return candidate
     return None
 

@@ -32,6 +32,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import epl
+from eplutil import user_examples
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CODE = ("python", "bash", "console")
@@ -153,7 +154,7 @@ train_op = optimizer.minimize(model(features), global_step=step)
 tf.get_default_graph().finalize()
 ''',
     "bert": '''
-sys.path.insert(0, os.path.join(ROOT, "examples", "bert"))
+sys.path.insert(0, os.path.join(EXAMPLES, "bert"))
 import modeling, squad_data
 config = modeling.BertConfig.tiny()
 features = squad_data.input_fn(squad_data.synthetic_squad(16, config.vocab_size, 32, 0), 4)
@@ -256,8 +257,8 @@ def fresh(tmp_path, monkeypatch):
     tf.reset_default_graph()
 
 
-def _run_python(snippet):
-    namespace = {"tf": tf, "np": np, "epl": epl, "os": os, "sys": sys, "ROOT": ROOT,
+def _run_python(snippet, examples):
+    namespace = {"tf": tf, "np": np, "epl": epl, "os": os, "sys": sys, "EXAMPLES": examples,
                  "__name__": "snippet"}
     context = _marker(snippet, "context")
     if context is not None:
@@ -295,7 +296,7 @@ def _shell(command, cwd):
     return done.stdout
 
 
-def _run_console(snippet, cwd):
+def _run_console(snippet, cwd, examples):
     """``$ command`` lines (with continuations) and the exact output that follows each."""
     blocks, current = [], None
     for line in snippet.body.split("\n"):
@@ -307,29 +308,41 @@ def _run_console(snippet, cwd):
         else:
             current[1].append(line.rstrip())
     for command, expected in blocks:
-        output = [line.rstrip() for line in _shell(command, cwd).strip("\n").split("\n")]
+        output = [line.rstrip() for line in
+                  _shell(_with_examples(command, examples), cwd).strip("\n").split("\n")]
         assert output == expected, "`%s` printed:\n%s" % (command, "\n".join(output))
 
 
-# The seeds' example programs (examples/, `make demo`) are TF 1 programs (`import tensorflow
-# as tf`): on TF 2.x a user first switches them to tf.compat.v1 (docs/tf2.md), so the shell
-# snippets that run them are TF-1-only; the same modes run on TF 2.x through the test corpus.
-RUNS_TF1_PROGRAMS = re.compile(r"examples/|make demo")
+# The seeds' example programs (examples/) are TF 1 programs (`import tensorflow as tf`). On
+# TF 2.x a user first switches them to tf.compat.v1 (docs/tf2.md), and so do the snippets:
+# they run the switched copy (eplutil.user_examples) where they name examples/. `make demo`
+# sets up .venv with TF 1.15 itself, so it is TF-1-only.
 TF1 = tf.version.VERSION.startswith("1.")
+EXAMPLES_PATH = re.compile(r"(?<![\w/.])examples/")
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    return user_examples(tmp_path_factory)
+
+
+def _with_examples(command, examples):
+    """``command`` with its examples/ paths pointing at ``examples``."""
+    return EXAMPLES_PATH.sub(examples.replace("\\", "/") + "/", command)
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("snippet", RUNNABLE, ids=_id)
-def test_snippet_runs(snippet, fresh):
+def test_snippet_runs(snippet, fresh, examples):
     if snippet.marker.startswith("skip"):
         pytest.skip(snippet.marker)
-    if snippet.lang != "python" and not TF1 and RUNS_TF1_PROGRAMS.search(snippet.body):
-        pytest.skip("runs a TF 1 example program (import tensorflow as tf); TF-1-only")
+    if not TF1 and "make demo" in snippet.body:
+        pytest.skip("`make demo` sets up and runs the TF 1.15 virtualenv (.venv)")
     cwd = str(fresh) if _marker(snippet, "cwd") == "tmp" else ROOT
     if snippet.lang == "python":
-        _run_python(snippet)
+        _run_python(snippet, examples)
     elif snippet.lang == "bash":
         for command in _commands(snippet.body):
-            _shell(command, cwd)
+            _shell(_with_examples(command, examples), cwd)
     else:
-        _run_console(snippet, cwd)
+        _run_console(snippet, cwd, examples)

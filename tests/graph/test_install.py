@@ -19,10 +19,16 @@ import textwrap
 import pytest
 import tensorflow as tf
 
+from epl.communicators import library
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILT = os.path.join(ROOT, "epl", "lib", "libepl_ops.so")
-SITE = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(
-    os.path.join(p, "tensorflow_core"))][0]
+# What `make setup` (`make setup-tf2`) built for this TensorFlow: epl/lib/ for TF 1.15,
+# epl/lib/tf2/ for TF 2.x (tools/build_ops.sh); an installed EPL keeps its own in epl/lib/.
+BUILT = library.LIBRARY_PATH
+# The site-packages directory that holds this TensorFlow (TF 1.15's code is in
+# tensorflow_core/ there, TF 2.x's in tensorflow/).
+SITE = [p for p in sys.path if p.endswith("site-packages") and any(
+    os.path.isdir(os.path.join(p, name)) for name in ("tensorflow_core", "tensorflow"))][0]
 
 FAKE_CXX = """#!/bin/bash
 # Stand-in C++ compiler: record the command, check TF's flags, copy the real library.
@@ -76,8 +82,7 @@ def test_installing_the_sdist_builds_the_op_library_for_this_tensorflow(tmp_path
     _run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
           "--no-build-isolation", sdist], env=_clean_env(CXX=str(cxx)))
     command = log.read_text()
-    for flag in ["-std=c++14", "-D_GLIBCXX_USE_CXX11_ABI=0", "-I" + tf.sysconfig.get_include(),
-                 "libtensorflow_framework", "-DEIGEN_MAX_ALIGN_BYTES=64", "ring_ops.cc"]:
+    for flag in _expected_flags() + ["libtensorflow_framework", "ring_ops.cc"]:
         assert flag in command
     installed = os.path.join(site, "epl", "lib", "libepl_ops.so")
     assert os.path.exists(installed)
@@ -85,7 +90,18 @@ def test_installing_the_sdist_builds_the_op_library_for_this_tensorflow(tmp_path
                   cwd=str(tmp_path))   # not this checkout's epl
     assert "EPL 0.1.0 (%s" % os.path.join(site, "epl") in report
     assert "Op library:   [X] loaded (%s)" % installed in report, report
-    assert "[X] epl_ring" in report and "TensorFlow 1.15" in report
+    assert "[X] epl_ring" in report and "TensorFlow %s" % tf.version.VERSION in report
+
+
+def _expected_flags():
+    """TF's compile flags (its include directory and ABI: ``-D_GLIBCXX_USE_CXX11_ABI=0`` on
+    1.15, ``=1`` on 2.x), its C++ standard (TF 2.x passes ``--std=c++17``; TF 1.15 passes
+    none and needs ``-std=c++14``) and Eigen's alignment, which TF 1.15 does not pass on."""
+    flags = tf.sysconfig.get_compile_flags()
+    standard = [f for f in flags if "-std=c++" in f] or ["-std=c++14"]
+    aligned = [f for f in flags if f.startswith("-DEIGEN_MAX_ALIGN_BYTES=")] or \
+        ["-DEIGEN_MAX_ALIGN_BYTES=64"]
+    return flags + standard + aligned
 
 
 @pytest.mark.timeout(600)

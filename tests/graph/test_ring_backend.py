@@ -242,4 +242,7 @@ def test_shared_memory_fallback_says_why_once_per_link_and_the_sum_is_right():
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--fallback-child"]:
+    # The child runs this file as a script, without conftest.py: graph mode as there
+    # (TF 2.x starts eager; nothing changes on TF 1.15).
+    tf.disable_v2_behavior()
     sys.exit(_fallback_child())

@@ -6,6 +6,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import epl
+from epl import tf_adapter
 from epl.ir import Phase
 from epl.env import _hooks
 from epl.strategies import StrategyError
@@ -145,12 +146,18 @@ def test_second_init_resets_state_and_never_double_wraps():
 
 
 def test_reset_restores_tensorflow():
-    from tensorflow.python.framework import ops
-    original = ops.Graph.__dict__["_add_op"]
+    """The op-creation hook's target is the adapter's (TF 1.15 defines ``Graph._add_op`` on
+    the Python class; TF 2.x inherits it from the C++ base class, so the class has no own
+    attribute before ``epl.init`` and must have none again after ``epl.reset``)."""
+    owner, attr = tf_adapter.OP_CREATION
+    missing = object()
+    original, looked_up = vars(owner).get(attr, missing), getattr(owner, attr)
     epl.init()
-    assert ops.Graph.__dict__["_add_op"] is not original
+    assert vars(owner).get(attr, missing) is not original
+    assert getattr(owner, attr) is not looked_up
     epl.reset()
-    assert ops.Graph.__dict__["_add_op"] is original
+    assert vars(owner).get(attr, missing) is original
+    assert getattr(owner, attr) is looked_up
     assert not _hooks().installed
 
 

@@ -10,12 +10,12 @@ import re
 
 import pytest
 
-from eplutil import run_launcher
+from eplutil import run_launcher, user_examples
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EXAMPLES = {"classification": os.path.join(REPO, "examples", "large_scale_classification",
-                                           "train.py"),
-            "moe": os.path.join(REPO, "examples", "moe", "train.py")}
+# Under examples/ (on TF 2.x: the tf.compat.v1 switch of the seeds' TF 1 programs).
+EXAMPLES = {"classification": os.path.join("large_scale_classification", "train.py"),
+            "moe": os.path.join("moe", "train.py")}
 STEP_LINE = re.compile(r"^\[worker (\d+)\] step (\d+) loss (\S+)")
 
 
@@ -30,13 +30,18 @@ def _losses(output):
     return found
 
 
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    return user_examples(tmp_path_factory)
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("workers,devices", [(1, 1), (1, 2), (2, 2)])
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
-def test_split_example_trains(example, workers, devices, tmp_path):
+def test_split_example_trains(example, workers, devices, tmp_path, examples):
     code, output = run_launcher(["--num_workers", str(workers), "--gpu_per_worker",
                                  str(devices), "--log_dir", str(tmp_path / "logs"),
-                                 EXAMPLES[example]], timeout=180)
+                                 os.path.join(examples, EXAMPLES[example])], timeout=180)
     assert code == 0, output[-3000:]
     losses = _losses(output)
     assert sorted(losses) == list(range(workers)), output[-3000:]

@@ -15,13 +15,12 @@ import re
 
 import pytest
 
-from eplutil import run_launcher
+from eplutil import run_launcher, user_examples
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EXAMPLES = {"resnet": os.path.join(REPO, "examples", "resnet", "train.py"),
-            "bert_pipeline": os.path.join(REPO, "examples", "bert", "train_pipeline.py"),
-            "bert_auto_pipeline": os.path.join(REPO, "examples", "bert",
-                                               "train_auto_pipeline.py")}
+# Under examples/ (on TF 2.x: the tf.compat.v1 switch of the seeds' TF 1 programs).
+EXAMPLES = {"resnet": os.path.join("resnet", "train.py"),
+            "bert_pipeline": os.path.join("bert", "train_pipeline.py"),
+            "bert_auto_pipeline": os.path.join("bert", "train_auto_pipeline.py")}
 STEP_LINE = re.compile(r"^\[worker (\d+)\] step (\d+) loss (\S+)")
 FINAL_LINE = re.compile(r"^\[worker (\d+)\] final loss (\S+)", re.M)
 
@@ -37,10 +36,16 @@ def _losses(output):
     return found
 
 
-def _run(example, workers, devices, tmp_path, extra=()):
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    return user_examples(tmp_path_factory)
+
+
+def _run(examples, example, workers, devices, tmp_path, extra=()):
     code, output = run_launcher(["--num_workers", str(workers), "--gpu_per_worker",
                                  str(devices), "--log_dir", str(tmp_path / "logs"),
-                                 EXAMPLES[example]] + list(extra), timeout=150)
+                                 os.path.join(examples, EXAMPLES[example])] + list(extra),
+                                timeout=150)
     assert code == 0, output[-3000:]
     return output
 
@@ -64,22 +69,22 @@ def _check_training(output, trainers):
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("workers,devices", [(1, 2), (2, 1)])
-def test_resnet_data_parallel(workers, devices, tmp_path):
-    output = _run("resnet", workers, devices, tmp_path, ["--steps", "20"])
+def test_resnet_data_parallel(workers, devices, tmp_path, examples):
+    output = _run(examples, "resnet", workers, devices, tmp_path, ["--steps", "20"])
     _check_training(output, list(range(workers)))
     # Every device runs one replica: the global batch is 2 x 16 images in both layouts.
     assert "global batch 32" in output
 
 
 @pytest.mark.timeout(200)
-def test_bert_hand_placed_pipeline(tmp_path):
-    output = _run("bert_pipeline", 1, 2, tmp_path)
+def test_bert_hand_placed_pipeline(tmp_path, examples):
+    output = _run(examples, "bert_pipeline", 1, 2, tmp_path)
     _check_training(output, [0])
 
 
 @pytest.mark.timeout(200)
-def test_bert_auto_pipeline_with_data_parallelism(tmp_path):
+def test_bert_auto_pipeline_with_data_parallelism(tmp_path, examples):
     # 2 workers x 2 devices: two pipelines of two automatically cut stages, one per worker.
-    output = _run("bert_auto_pipeline", 2, 2, tmp_path)
+    output = _run(examples, "bert_auto_pipeline", 2, 2, tmp_path)
     _check_training(output, [0, 1])
     assert "[worker 0] auto partition by repeated blocks: [2, 2] layers per stage" in output
