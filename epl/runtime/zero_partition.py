@@ -50,7 +50,6 @@ class ZeroPartition(Pass):
 
     def run(self, ctx):
         record = build_record(ctx.view)
-        _check_combination(record.level, ctx.config, len(ctx.copies))
         graph = ctx.tf_graph
         var_ops = dict((n, graph.get_operation_by_name(n)) for n in record.variables)
 
@@ -76,15 +75,6 @@ class ZeroPartition(Pass):
                             dict((s, v) for s, (v, _) in record.slots.items()), tuple(owned))
 
 
-def _check_combination(level, config, copies):
-    """Grouped apply with several copies per worker: a copy still ran updates it does
-    not own (uninitialized slots) in tests; refused until found."""
-    if config.optimizer.num_apply_group > 1 and copies > 1:
-        raise ZeroError("zero.level=%r with optimizer.num_apply_group=%d is not supported yet "
-                        "with %d devices per worker (one device per worker works); remove "
-                        "one of the keys" % (level, config.optimizer.num_apply_group, copies))
-
-
 def _check_every_member_owns(owner, record, group_of):
     """A member without a variable of its group would have nothing to wait for in the
     exchange (see ZeroSync): refuse, naming the counts."""
@@ -102,12 +92,16 @@ def _check_every_member_owns(owner, record, group_of):
 
 def _drop_part(ctx, part, copy):
     """Nothing of ``copy`` waits for its instance of ``part`` (a variable's update that
-    another copy owns): its ops are never run."""
+    another copy owns): its ops are never run. What waited for them still waits for
+    what they waited for: grouped apply orders Adam's beta-power update after the last
+    group, whose updates wait for the group before; a copy that owns nothing in the last
+    group must not update the beta powers while its earlier groups still read them."""
     ops = set(ctx.instance(op, copy) for op in part)
     for op in ops:
         for consumer in tf_adapter.control_outputs(op):
             if consumer not in ops:
                 kept = [c for c in consumer.control_inputs if c is not op]
+                kept += [c for c in _control_ancestors_outside(op, ops) if c not in kept]
                 tf_adapter.remove_control_inputs(consumer)
                 tf_adapter.add_control_inputs(consumer, kept)
         for tensor in op.outputs:
@@ -117,6 +111,20 @@ def _drop_part(ctx, part, copy):
                         "zero.level: %s reads %s, the update of a variable another device "
                         "owns; ZeRO cannot drop it. Run without zero.level"
                         % (consumer.name, tensor.name))
+
+
+def _control_ancestors_outside(op, ops):
+    """The nearest control inputs of ``op`` outside ``ops``, through control inputs in it."""
+    found, stack, seen = [], [op], set([op])
+    while stack:
+        for source in stack.pop().control_inputs:
+            if source in ops:
+                if source not in seen:
+                    seen.add(source)
+                    stack.append(source)
+            elif source not in found:
+                found.append(source)
+    return found
 
 
 def _initializer(ctx, var, copy, primary):
