@@ -12,7 +12,9 @@ estimate EPL printed before the session started.
 Targets (from the issue), on the 12-layer model:
 
 * gradient checkpointing: peak <= 0.5x without it, at <= 1.4x the step time;
-* ZeRO v1: optimizer-state bytes per device <= 1/N + 5% of the unpartitioned state (N=2, 4);
+* ZeRO v1: optimizer-state bytes per device <= 1/N + 5% of the unpartitioned state (N=2, 4
+  workers x 1 device; 1 worker x 4 devices; 2 x 2), and its step time against data
+  parallelism without ZeRO on the same layout;
 * offload: 0 weight bytes resident on the compute device;
 * AMP O1: no float16 weight copy held (float16 casts of weights alive at once <= the
   largest weight's float16 size, and no float16 variable);
@@ -23,7 +25,7 @@ Targets (from the issue), on the 12-layer model:
 Then the 24-layer model with no saver, each saver, and the best combinations, and
 (estimate only) the largest model that fits a per-device budget.
 
-    .venv/bin/python benchmarks/memory.py [--quick] [--out DIR]
+    .venv/bin/python benchmarks/memory.py [--quick] [--only RUN,RUN] [--out DIR]
 
 Timings on this 2-core machine are noisy (10-30% run to run); memory is exact.
 """
@@ -50,6 +52,10 @@ RUNS_12 = [
     ("gc", GC, 1, 1, "adam", 2),
     ("zero_v1_n2", {"zero.level": "v1"}, 2, 1, "adam", 1),
     ("zero_v1_n4", {"zero.level": "v1"}, 4, 1, "adam", 1),
+    ("zero_v1_1x4", {"zero.level": "v1"}, 1, 4, "adam", 2),
+    ("zero_v1_2x2", {"zero.level": "v1"}, 2, 2, "adam", 1),
+    ("dp_1x4", {}, 1, 4, "adam", 2),
+    ("dp_2x2", {}, 2, 2, "adam", 1),
     ("dp_1x2", {}, 1, 2, "adam", 2),
     ("offload_1x2", {"offload.level": "v0"}, 1, 2, "adam", 2),
     ("amp", {"amp.level": "O1"}, 1, 1, "adam", 2, TINY),
@@ -309,13 +315,23 @@ def _gc_row(r, base):
              measured, "<= 0.5x, <= 1.4x", _met(ratio <= 0.5 and slow <= 1.4))]
 
 
+ZERO_RUNS = (("zero_v1_n2", 2, "2x1", None), ("zero_v1_n4", 4, "4x1", None),
+             ("zero_v1_1x4", 4, "1x4", "dp_1x4"), ("zero_v1_2x2", 4, "2x2", "dp_2x2"))
+
+
 def _zero_rows(r, base):
     rows = []
-    for name, n in (("zero_v1_n2", 2), ("zero_v1_n4", 4)):
+    for name, n, layout, plain in ZERO_RUNS:
+        if name not in r:
+            continue
         worst = max(m["slots"] for m in r[name]["measured"].values())
         share = worst / float(base["slots"])
-        rows.append(("ZeRO v1, N=%d" % n, "optimizer slots per device", "S/N",
-                     mib(base["slots"] / n), "%s MiB (%.3f of S)" % (mib(worst), share),
+        cost = ""
+        if plain in r and not r[plain].get("failed"):
+            cost = "; step time %.2fx of DP %s without ZeRO" % (
+                r[name]["step_seconds"] / r[plain]["step_seconds"], layout)
+        rows.append(("ZeRO v1, %s (N=%d)" % (layout, n), "optimizer slots per device", "S/N",
+                     mib(base["slots"] / n), "%s MiB (%.3f of S)%s" % (mib(worst), share, cost),
                      "<= 1/N + 5%", _met(share <= 1.0 / n + 0.05)))
     return rows
 
@@ -356,9 +372,12 @@ def saver_targets(r):
     base = r["none"]["measured"][compute_device(r["none"])]
     rows = []
     for label, build, needs in (
-            ("GC (auto)", _gc_row, ["gc"]), ("ZeRO v1", _zero_rows, ["zero_v1_n2", "zero_v1_n4"]),
+            ("GC (auto)", _gc_row, ["gc"]),
+            ("ZeRO v1", _zero_rows, [z[0] for z in ZERO_RUNS if z[0] in r]),
             ("offload v0", _offload_row, ["offload_1x2", "dp_1x2"]), ("AMP O1", _amp_row, ["amp"]),
             ("grouped apply", _grouped_rows, ["plainop_g1", "plainop_g2", "plainop_g4"])):
+        if not needs or any(n not in r for n in needs):
+            continue  # not run (--only)
         missing = [(n, r[n].get("pending") or "run failed, see memory.json") for n in needs
                    if r[n].get("pending") or r[n].get("failed")]
         if missing:
@@ -493,13 +512,15 @@ def report(args, r12, r24, info, seconds):
     payload = {"environment": info, "settings": settings, "runs_12": r12, "runs_24": r24,
                "targets": target_rows, "estimate_vs_measured": est_rows,
                "budget": {"gib": args.budget, "shape": shape, "rows": fits}}
-    common.write_results(args.out, "memory", payload, markdown)
+    common.write_results(args.out, "memory_only" if args.only else "memory", payload, markdown)
     print(markdown)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="12-layer runs only")
+    parser.add_argument("--only", default="", help="comma-separated 12-layer runs (with "
+                        "'none', the base); implies --quick; writes memory_only.json/.md")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=300)
@@ -519,9 +540,13 @@ def main(argv=None):
     info = common.environment_info(sys.argv)
     start = time.time()
     print("12-layer runs", flush=True)
-    r12 = run_all(args, RUNS_12, 12, SMALL)
+    runs = RUNS_12
+    if args.only:
+        wanted = set(args.only.split(",")) | {"none"}
+        runs = [spec for spec in RUNS_12 if spec[0] in wanted]
+    r12 = run_all(args, runs, 12, SMALL)
     r24 = {}
-    if not args.quick:
+    if not args.quick and not args.only:
         print("24-layer runs", flush=True)
         r24 = run_all(args, RUNS_24, 24, SMALL24)
     report(args, r12, r24, info, time.time() - start)

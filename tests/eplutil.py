@@ -4,6 +4,7 @@ Equivalence tests train the same model K steps serially on global batches and
 under EPL on per-replica batches that partition each global batch, then
 compare weights.
 """
+import collections
 import os
 import re
 import shutil
@@ -262,6 +263,26 @@ def free_ports(count):
     for sock in sockets:
         sock.close()
     return ports
+
+
+def slot_bytes_by_device(sess):
+    """{device: bytes of the initialized Adam slots there}, measured in the session
+    (a slot never initialized takes no memory). Slots are named like Adam's
+    and AdamWeightDecay's."""
+    graph = sess.graph
+    slots = [op for op in graph.get_operations() if op.type in ("VariableV2", "VarHandleOp")
+             and "adam" in op.name.lower() and "power" not in op.name
+             and not op.name.startswith("EPL_ZERO_REMOTE")]
+    with epl.paused():
+        checks = [tf.is_variable_initialized(op.outputs[0]) if op.type == "VariableV2"
+                  else tf.raw_ops.VarIsInitializedOp(resource=op.outputs[0]) for op in slots]
+        flags = sess.run(checks)
+    found = collections.defaultdict(int)
+    for op, initialized in zip(slots, flags):
+        if initialized:
+            shape = tf.TensorShape(op.get_attr("shape"))
+            found[op.device] += shape.num_elements() * 4
+    return dict(found)
 
 
 def run_workers(fn, workers, devices_per_worker, config=None, timeout=120):

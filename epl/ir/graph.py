@@ -97,16 +97,6 @@ class Graph(object):
         kept by epl.parallel.passes.auto_stages under the feature key below)."""
         return self._features.get("auto_partition")
 
-    @property
-    def zero(self):
-        """ZeRO's record (epl.runtime.zero), or None. The feature key ``zero`` is its
-        slot; this spelling remains while ZeRO reads and writes it here."""
-        return self._features.get("zero")
-
-    @zero.setter
-    def zero(self, record):
-        self._features["zero"] = record
-
     # ---- lookup --------------------------------------------------------------
     @classmethod
     def get(cls, tf_graph=None, create=True, may_create=None):

@@ -37,6 +37,10 @@ FIELDS = collections.OrderedDict([
     ("micro_batching", "the stage functions' record (partition, bodies, calls, sums)"),
     ("communicators", "the collective groups built so far and their keys"),
     ("epl_variables", "EPL's own state, initialized by the sync op"),
+    ("state_initializers", "initializers of more EPL state, run by the sync op (ZeRO's slots "
+                           "on their owners)"),
+    ("accumulator_stores", "{copy: the gradient accumulators' writes}"),
+    ("zero", "ZeRO's owners per copy (epl.runtime.zero_partition.ZeroPlan), or None"),
     ("split_inputs", "get-next ops whose batch the local copies split"),
     ("per_run_writes", "EPL writes every run makes whatever its input"),
 ] + [("program." + name, doc) for name, doc in ParallelProgram.FIELDS.items()])
@@ -100,6 +104,9 @@ class RewriteContext(object):
         self.roles = None
         self.keys = KeyRegistry()
         self.epl_variables = []    # EPL's own state (accumulators), initialized by the sync op
+        self.state_initializers = []  # more of it, as initializer ops (ZeRO's owned slots)
+        self.zero = None           # ZeRO's per-copy owners (epl.runtime.zero_partition)
+        self.accumulator_stores = collections.defaultdict(list)  # copy -> accumulator writes
         self.split_inputs = set()  # get-next ops whose batch BatchSplit splits over copies
         # EPL state writes every run makes whatever its input (the accumulation
         # counter): they wait for the end-of-input agreement (EndOfInput)
@@ -245,7 +252,10 @@ class RewriteContext(object):
     def finish_program(self):
         """Record what the session layer needs: variable copies, collectives, peers."""
         program = self.program
+        slots = self.zero.slots if self.zero is not None else ()
         for var_op in self.roles.variables:
+            if var_op.name in slots:
+                continue  # ZeRO's state: one owner holds it, not every copy
             program.variable_copies[var_op.name] = [
                 self.instance(var_op, copy) for copy in range(len(self.copies))]
         peers = set(self.plan.drivers)

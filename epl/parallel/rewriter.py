@@ -22,7 +22,7 @@ from epl.ops.checkpoint import ShardedCheckpoints
 from epl.ops.lowering import SplitLowering
 from epl.runtime.gc_select import UnusedCheckpoints
 from epl.runtime.offload import Offload
-from epl.runtime.zero import ZeroSync
+from epl.runtime.zero_partition import ZeroPartition, ZeroSync
 from epl.runtime.zero_checkpoint import ZeroCheckpoints
 from epl.parallel.passes.io_slicing import IOSlicing
 from epl.parallel.passes.classify import ClassifyRoles
@@ -57,6 +57,7 @@ PASSES = (
     StageFunctionCalls(),
     BatchSplit(),
     InputOrder(),
+    ZeroPartition(),
     GradientAggregation(),
     ZeroSync(),
     SharedStepDependencies(),

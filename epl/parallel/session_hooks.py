@@ -28,6 +28,7 @@ from epl.ir.graph import Graph
 from epl.parallel import estimator, rewriter, step_check
 from epl.parallel.plan import STAGE_FUNCTIONS
 from epl.protocols.hooks import Patch
+from epl.runtime import zero, zero_checkpoint
 from epl.session import roles, serving
 from epl.session.runner import (ensure_synced, guarded, mark_initialized, mark_unsynced,
                                 restoring)
@@ -86,14 +87,17 @@ def _device_filters(view, plan, env):
         workers = plan.workers_used_by(env.cluster.worker_index)
         if roles.writes_checkpoints(env.cluster):
             workers = sorted(set(workers) | set(_split_shard_workers(plan))
-                             | set(_zero_slot_workers(view)))
+                             | set(_zero_slot_workers(view, plan)))
     return ["/job:worker/task:%d" % w for w in workers]
 
 
-def _zero_slot_workers(view):
-    """Owners of the ZeRO slots that worker 0 saves and restores (epl.runtime.zero_checkpoint)."""
-    record = getattr(view, "zero", None)
-    return sorted(set(slot.owner for slot in record.remote_slots)) if record else []
+def _zero_slot_workers(view, plan):
+    """Workers that may own ZeRO slots, which worker 0 saves and restores
+    (epl.runtime.zero_checkpoint): every worker holding a device of the plan."""
+    if zero.build_record(view) is None:
+        return []
+    return sorted(set(plan.worker_of[device] for tg in plan.taskgraphs
+                      for replica in tg.devices for device in replica))
 
 
 def _split_shard_workers(plan):
@@ -246,10 +250,9 @@ def _wrap_saver_save(original, provider):
 def _refuse_zero_save(saver, sess):
     """ZeRO keeps slots on their owners only: a checkpoint of them would be partial."""
     view = Graph.get(sess.graph, create=False)
-    if getattr(view, "zero", None) is None:
+    if view is None or zero.build_record(view) is None:
         return
-    from epl.runtime import zero
-    reason = zero.checkpoint_refusal(view, saver)
+    reason = zero_checkpoint.checkpoint_refusal(view, saver)
     if reason:
         raise zero.ZeroError(reason)
 

@@ -515,12 +515,16 @@ def profile_from_graph(view, tf_graph, taskgraph_index, batch_size=None):
 
 
 def _graph_variables(view, tf_graph, ops, tg_of, size):
-    """Variables with their first forward use and their slots (ZeRO-partial graphs:
-    the slots seen per owned byte stand for every trained variable's)."""
+    """Variables with their first forward use and their slots (under ZeRO the slots are
+    out of the collections, in ZeRO's build record: every variable's, as without ZeRO)."""
     from epl.tf_adapter import tf
     trained = set(v.op.name for call in view.apply_calls for v in call.variables)
     variables = [v for v in tf_graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
                  if view.info(v.op) is None or view.info(v.op).copy == 0]
+    from epl.runtime.zero import build_record
+    zero = build_record(view)
+    if zero is not None:
+        variables += [var for _, var in zero.slots.values()]
     slots, slot_names = _slot_bytes(variables, trained, size)
     first_use = {}
     for index, op in enumerate(ops):
@@ -528,19 +532,13 @@ def _graph_variables(view, tf_graph, ops, tg_of, size):
             root = _root(tensor)
             if root.op.name in trained:
                 first_use.setdefault(root.op.name, index)
-    ratio = None
-    if getattr(view, "zero", None) is not None:
-        owned = [v for v in variables if v.op.name in trained and slots.get(v.op.name)]
-        owned_bytes = sum(size(v) for v in owned)
-        ratio = sum(slots.values()) / float(owned_bytes) if owned_bytes else 0.0
     result = []
     for var in variables:
         name, nbytes = var.op.name, size(var)
         if name in slot_names:
             continue
-        slot = slots.get(name, 0) if ratio is None else ratio * nbytes * (name in trained)
         result.append(Variable(name, nbytes, name in trained, tg_of.get(name, 0),
-                               first_use.get(name, 0), int(slot)))
+                               first_use.get(name, 0), int(slots.get(name, 0))))
     return result
 
 

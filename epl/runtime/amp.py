@@ -47,6 +47,7 @@ class AmpState(object):
         self.created = set()                            # names of ops AMP made
         self.conversions = []                           # amp_convert.Conversion per call
         self.loss_scales = collections.OrderedDict()    # tuple of ys -> LossScale
+        self.finite_flags = []                          # the step's "all finite" bools
 
     @property
     def converted(self):
@@ -68,6 +69,14 @@ def state(graph=None):
 
 def _state(view):
     return _STATES.of(view)
+
+
+def finite_flags(view):
+    """The bool tensors that decide whether a step applies (one per apply_gradients
+    call under AMP). Every replica computes its own from the gradients it holds: a
+    rewrite that leaves replicas different gradients (ZeRO v1) must make them agree."""
+    amp = _STATES.get(view)
+    return list(amp.finite_flags) if amp is not None else []
 
 
 def wrap_gradients(compute, build):
@@ -111,7 +120,8 @@ def wrap_apply(call, build):
             scales = amp_scale.scales_feeding(grads, list(amp.loss_scales.values()), view)
         if not scales:  # gradients not made by tf.gradients under AMP
             return call(record)
-        return amp_scale.apply_if_finite(view, call, record, scales, GROWTH_INTERVAL)
+        return amp_scale.apply_if_finite(view, call, record, scales, GROWTH_INTERVAL,
+                                         amp.finite_flags)
     return amp_apply
 
 

@@ -192,15 +192,17 @@ def all_finite(view, pairs, taskgraph):
         return tf.reduce_all(tf.stack(flags), name="all_finite")
 
 
-def apply_if_finite(view, call, record, scales, interval):
+def apply_if_finite(view, call, record, scales, interval, flags):
     """Run the optimizer's ``call(record)`` (an :class:`epl.ir.records.ApplyCall`) so
     that its updates happen only when every gradient is finite, and update ``scales``
-    every step. Returns what ``call`` returns."""
+    every step; the "all finite" tensor is appended to ``flags``. Returns what ``call``
+    returns."""
     graph = view.tf_graph
     pairs = list(record.grads_and_vars)
     taskgraph = scales[0].taskgraph
     with clean_context(graph):
         finite = all_finite(view, pairs, taskgraph)
+        flags.append(finite)
         with scope(view, taskgraph, Phase.APPLY), tf.name_scope("EPL_AMP"):
             token = tf.identity(tf_adapter.switch(finite, finite)[1], name="apply_if_finite").op
         gated = []

@@ -20,12 +20,10 @@ guesses which argument holds the pairs, and none reads the Env. Modules are
 imported only when their keys are set, so an unused saver costs nothing.
 
 Order (outermost first): AMP scales the loss around everything else; gradient
-checkpointing replaces how gradients are computed; ZeRO keeps only this worker's
-variables; grouped apply splits the optimizer's update of those.
-
-ZeRO (``epl.runtime.zero``) still takes the call's bound arguments
-(``wrap_apply(call, view, config, cluster)``); :func:`_bound_saver` adapts it
-until it moves to records.
+checkpointing replaces how gradients are computed; ZeRO records which of the
+optimizer's ops and variables belong to one variable (the rewrite decides their
+owners from the plan, :mod:`epl.runtime.zero_partition`); grouped apply splits
+the optimizer's update.
 """
 import collections
 import importlib
@@ -41,7 +39,6 @@ _KEYS = {
 }
 GRADIENT_SAVERS = ("epl.runtime.amp", "epl.runtime.gradient_checkpoint")
 APPLY_SAVERS = ("epl.runtime.amp", "epl.runtime.zero", "epl.runtime.grouped_apply")
-_BOUND_SAVERS = ("epl.runtime.zero",)   # savers on the bound-arguments seam
 
 
 class BuildContext(collections.namedtuple("BuildContext", ["view", "config", "cluster",
@@ -111,10 +108,7 @@ def apply(build, original, bound, pairs_arg):
         return original(*arguments.args, **arguments.kwargs)
     if _needed(build.config):
         for module in reversed(_active(APPLY_SAVERS, build.config, "wrap_apply")):
-            if module.__name__ in _BOUND_SAVERS:
-                call = _bound_saver(module, call, build, bound, pairs_arg)
-            else:
-                call = module.wrap_apply(call, build)
+            call = module.wrap_apply(call, build)
     return call(apply_record(bound, pairs_arg))
 
 
@@ -137,14 +131,3 @@ def _apply_arguments(bound, pairs_arg, record):
         if name in parameters:
             arguments.arguments[name] = getattr(record, name)
     return arguments
-
-
-def _bound_saver(module, call, build, bound, pairs_arg):
-    """Chain a saver that still takes bound arguments: records in, records out."""
-    def on_bound(arguments):
-        return call(apply_record(arguments, pairs_arg))
-    wrapped = module.wrap_apply(on_bound, build.view, build.config, build.cluster)
-
-    def on_record(record):
-        return wrapped(_apply_arguments(bound, pairs_arg, record))
-    return on_record

@@ -1,46 +1,45 @@
 """ZeRO: optimizer states (v0) and gradient reduction (v1) partitioned over data parallelism.
 
-Every variable gets one *owner* among the data-parallel members (balanced by
-bytes, the same on every member). Only the owner runs the optimizer for it,
-so its slots (Adam's m and v) exist on the owner alone; after the update the
-members exchange the new values.
+Every trained variable gets one *owner*: a device of its data-parallel group
+(the plan's group of its TaskGraph; a pipeline stage's own group), balanced by
+bytes, the same on every worker. Only the owner's copy runs the optimizer's
+update for it, so its slots (Adam's m and v) live on the owner alone; after the
+update the members exchange the new values.
 
 * ``v0``: gradients are all-reduced as usual; states are partitioned.
 * ``v1``: each member also receives only its own variables' reduced gradients
   (a reduce-scatter of one buffer laid out by owner) instead of all of them.
 
-Where it applies: one copy per worker process (N workers x 1 device, a single
-data-parallel TaskGraph), as in the original EPL. Several devices per worker
-(copies sharing one graph), pipelines and gradient accumulation are refused
-at ``apply_gradients`` with the reason. Checkpoints hold every worker's slots
-(:mod:`epl.runtime.zero_checkpoint`): worker 0 learns what the others create
-while the step is built, saves them, and restores them after a restore.
+It works on any layout (W workers x D devices, pipelines, gradient
+accumulation), because owners are decided per copy when the graph is rewritten
+(:mod:`epl.runtime.zero_partition`), from the plan, not while the user builds it.
 
-Build time (``wrap_apply``): the optimizer is called for the owned pairs only,
-and the returned op also waits for a barrier that the rewrite connects to the
-broadcasts. Rewrite time (:class:`ZeroSync`): broadcasts, and every gradient
-collective joins the barrier, because a member whose own variables do not need
-a bucket must still take part in it.
+Build time (:func:`wrap_apply`): the optimizer is called for every pair, as
+without ZeRO; ZeRO records which of the ops it created belong to one variable
+alone (that variable's *part*: its update and the variables only it writes,
+the *slots*) and which are shared (Adam's beta powers, the final group). Slots
+leave the graph's collections: they are ZeRO's state, initialized on their owner
+only, saved and restored by :mod:`epl.runtime.zero_checkpoint` under the names
+a job without ZeRO gives them. The returned op also waits for a barrier that
+the rewrite connects to the exchange.
 """
 import collections
 
 from epl import tf_adapter
-from epl.communicators.reducer import GradientReducer
-from epl.ir.phase import Phase
-from epl.protocols.passes import LOWER, SYNC, Pass
-from epl.ir.roles import VARIABLE_TYPES
-from epl.runtime.zero_checkpoint import checkpoint_refusal, describe_remote_slots  # noqa: F401
-from epl.runtime.zero_error import ZeroError  # noqa: F401  (raised here, caught by users)
-from epl.session import roles
+from epl.ir.features import FeatureSlot
+from epl.runtime.zero_error import ZeroError
 from epl.tf_adapter import tf
 
-ZeroRecord = collections.namedtuple("ZeroRecord", [
-    "level", "members", "rank", "owner_of", "barrier", "local_variables", "remote_slots",
-    "remote_problem"])
-ZeroRecord.__doc__ = """What ZeRO decided while the step was built: level, member count,
-this worker's rank, {variable name: owner rank}, the barrier op, the names of
-variables that exist on this worker only (slots of owned variables), and on worker 0
-the other workers' slots (``zero_checkpoint.RemoteSlot``) or why they are unknown."""
+ZeroBuild = collections.namedtuple("ZeroBuild", [
+    "level", "variables", "nbytes", "slots", "parts", "shared_variables", "barrier"])
+ZeroBuild.__doc__ = """What ZeRO recorded while the step was built: the level; the trained
+variables' op names and bytes (apply order); ``slots``, {slot op name: (variable name,
+tf.Variable)}; ``parts``, {variable name: the user ops only its update needs}; the
+optimizer's variables every copy keeps (beta powers); the barrier op."""
+
+# the graph's ZeroBuild, kept on its IR view (epl.ir.features); read by the rewrite
+# passes of epl.runtime.zero_partition and zero_checkpoint, and the memory estimate
+_SLOT = FeatureSlot("zero", None)
 
 
 def applies(config):
@@ -58,25 +57,36 @@ def owners(sizes, members):
     return owner
 
 
-def _check(view, config, cluster):
-    reasons = []
-    if cluster.gpu_num_per_worker != 1:
-        reasons.append("%d devices per worker (its copies share one graph, whose optimizer "
-                       "states cannot be split yet; run N workers x 1 device)"
-                       % cluster.gpu_num_per_worker)
-    if len(view.taskgraphs) != 1 or view.taskgraphs[0].device_count != 1:
-        reasons.append("%d TaskGraphs (ZeRO partitions one data-parallel TaskGraph of "
-                       "replicate(1))" % len(view.taskgraphs))
-    if config.pipeline.num_micro_batch > 1:
-        reasons.append("pipeline.num_micro_batch=%d (gradient accumulation or pipelines)"
-                       % config.pipeline.num_micro_batch)
-    if config.amp.level:
-        reasons.append("amp.level=%r (a step AMP skips on overflow would leave ZeRO's exchange "
-                       "of updated values half-built on the owners, and the workers' "
-                       "collectives would disagree)" % config.amp.level)
-    if reasons:
-        raise ZeroError("zero.level=%r is not supported here: %s. Remove zero.level or change "
-                        "the layout." % (config.zero.level, "; ".join(reasons)))
+def owner_devices(variables, group_of):
+    """{variable name: owner device}: each data-parallel group balances its own variables.
+
+    ``variables`` are (name, bytes) in a fixed order (the same on every worker);
+    ``group_of(name)`` gives the devices of the variable's data-parallel group, or
+    None for a variable every holder updates itself (a split layer's shard). Pure:
+    the same table on every worker and every copy.
+
+    >>> owner_devices([("a", 8), ("b", 4), ("c", 4)], lambda n: ("d0", "d1"))
+    {'a': 'd0', 'b': 'd1', 'c': 'd1'}
+    """
+    by_group = collections.OrderedDict()
+    for name, nbytes in variables:
+        devices = group_of(name)
+        if devices is not None and len(devices) > 1:
+            by_group.setdefault(tuple(devices), []).append((name, nbytes))
+    table = {}
+    for devices, members in by_group.items():
+        ranks = owners([nbytes for _, nbytes in members], len(devices))
+        for (name, _), rank in zip(members, ranks):
+            table[name] = devices[rank]
+    return table
+
+
+def load_by_device(table, nbytes):
+    """{device: bytes of the variables it owns} (what each device's states are sized by)."""
+    load = collections.defaultdict(int)
+    for name, device in table.items():
+        load[device] += nbytes[name]
+    return dict(load)
 
 
 def _nbytes(var):
@@ -87,94 +97,174 @@ def _nbytes(var):
     return shape.num_elements() * var.dtype.base_dtype.size
 
 
-def wrap_apply(call, view, config, cluster):
-    """Run the optimizer for this worker's variables only, behind a barrier."""
-    def apply(bound):
-        _check(view, config, cluster)
-        pairs_arg = list(bound.arguments)[1]
-        pairs = [(g, v) for g, v in bound.arguments[pairs_arg] if g is not None]
-        members, rank = cluster.total_gpu_num, cluster.worker_index
-        ranks = owners([_nbytes(v) for _, v in pairs], members)
-        if len(set(ranks)) < members:
-            raise ZeroError("zero.level=%r: %d variables cannot give each of %d members one; "
-                            "use fewer workers" % (config.zero.level, len(pairs), members))
-        owned = [p for p, r in zip(pairs, ranks) if r == rank]
-        before = set(v.op.name for v in tf_adapter.tf.global_variables())
-        bound.arguments[pairs_arg] = owned
-        result = call(bound)
-        slots = set(v.op.name for v in tf.global_variables()) - before
-        remote, problem = (), None
-        if roles.writes_checkpoints(cluster):
-            remote, problem = describe_remote_slots(call, bound, pairs_arg, pairs, ranks,
-                                                    view, VARIABLE_TYPES)
-        with tf.device(cluster.worker_cpu()), tf.name_scope("EPL_ZERO"):
+def build_record(view):
+    """ZeRO's :data:`ZeroBuild` of ``view`` (its feature slot), or None."""
+    return _SLOT.get(view)
+
+
+def wrap_apply(call, build):
+    """Build-time saver hook (:mod:`epl.runtime.build_time`): call the optimizer for
+    every pair, then record what belongs to one variable."""
+    view, level = build.view, build.config.zero.level
+
+    def apply(record):
+        if _SLOT.get(view) is not None:
+            raise ZeroError("zero.level=%r supports one optimizer.apply_gradients call per "
+                            "graph; this graph makes a second one. Remove zero.level or "
+                            "apply every gradient in one call" % level)
+        pairs = list(record.grads_and_vars)
+        graph = view.tf_graph
+        first = len(graph.get_operations())
+        before = set(v.op.name for v in tf.global_variables())
+        result = call(record)
+        created = graph.get_operations()[first:]  # in creation order
+        new_vars = [v for v in tf.global_variables() if v.op.name not in before]
+        slots, parts = partition(created, pairs, new_vars)
+        _drop_from_collections(graph, set(var.op for _, var in slots.values()))
+        with tf.name_scope("EPL_ZERO"):
             barrier = tf.no_op(name="barrier")
             done = tf.group(result, barrier, name="apply")
-        view.zero = ZeroRecord(config.zero.level, members, rank,
-                               dict((v.op.name, r) for (_, v), r in zip(pairs, ranks)),
-                               barrier, frozenset(slots), remote, problem)
+        shared = tuple(v.op.name for v in new_vars if v.op.name not in slots)
+        _SLOT.set(view, ZeroBuild(level, tuple(v.op.name for _, v in pairs),
+                                  dict((v.op.name, _nbytes(v)) for _, v in pairs), slots,
+                                  parts, shared, barrier))
         return done
     return apply
 
 
-class ZeroSync(Pass):
-    """Every member gets the updated variables; every gradient collective joins the barrier.
+def partition(created, pairs, new_vars):
+    """(slots, parts) of one optimizer call (see :data:`ZeroBuild`).
 
-    The new values travel as one sum over the data-parallel group: each member
-    contributes its own variables' updated values and zeros elsewhere (fused in
-    buckets like gradients), so a step needs one kind of collective, on the fast
-    ring, and no member can miss another's broadcast."""
-
-    name = "zero_sync"
-    phase = LOWER
-    reads = ("view", "config", "cluster", "plan", "copies")
-    writes = ("graph", "communicators")
-
-    def applies(self, ctx):
-        return getattr(ctx.view, "zero", None) is not None
-
-    def run(self, ctx):
-        record = ctx.view.zero
-        reductions = [ctx.tf_graph.get_operation_by_name(name)
-                      for comm in ctx.communicators() if comm.name.startswith("grads/")
-                      for name in comm.op_names]
-        names = sorted(record.owner_of)
-        var_ops = [ctx.tf_graph.get_operation_by_name(n) for n in names]
-        taskgraph = ctx.taskgraph_of(var_ops[0])
-        device = ctx.device(taskgraph, 0)
-        contributions = [_contribution(var_op, record.owner_of[var_op.name] == record.rank,
-                                       device, ctx.view) for var_op in var_ops]
-        reducer = GradientReducer(
-            [ctx.communicator(ctx.plan.taskgraphs[taskgraph].dp_group(), SYNC)],
-            ctx.config.communication.max_splits, False, 1, mean=False)
-        summed = reducer.reduce(contributions, device, reducer.plan(contributions), tag="zero")
-        assigns = []
-        with tf.device(device), tf.name_scope("EPL_ZERO"), tf.control_dependencies(reductions):
-            for var_op, value in zip(var_ops, summed):
-                if record.owner_of[var_op.name] != record.rank:
-                    assigns.append(tf_adapter.assign_variable(var_op, value))
-        tf_adapter.add_control_inputs(record.barrier, reductions + assigns + [
-            v.op for v in summed])
-
-
-def _contribution(var_op, owned, device, view):
-    """This member's share of the sum: its updated value, or zeros."""
-    with tf.device(device), tf.name_scope("EPL_ZERO"):
-        if not owned:
-            return tf.zeros(tf_adapter.variable_shape(var_op), tf_adapter.variable_dtype(var_op))
-        with tf.control_dependencies(_owner_update(var_op, view)):
-            return tf_adapter.read_variable(var_op) * 1
+    A created variable belongs to variable i (is its slot) when the ops writing it
+    read i's gradient and no other one. An op created by the call belongs to i when
+    the updates it follows (through data or control edges among the created ops)
+    and the gradients and slots it reads are all i's. Found from the graph, so
+    any optimizer works: Apply* kernels, plain assigns (BERT's AdamWeightDecay),
+    sparse updates with their own group ops.
+    """
+    created_set = set(created)
+    grad_index = {}
+    for index, (grad, _) in enumerate(pairs):
+        for tensor in (grad.values, grad.indices) if isinstance(grad, tf.IndexedSlices) \
+                else (grad,):
+            grad_index[tensor.op] = index
+    var_index = dict((var.op, index) for index, (_, var) in enumerate(pairs))
+    reads = _gradients_read(created, created_set, grad_index)
+    slots = collections.OrderedDict()
+    for var in new_vars:
+        writers = [op for op in created if var.op in tf_adapter.written_variables(op)]
+        sources = set().union(*[reads[op] for op in writers]) if writers else set()
+        if len(sources) == 1:
+            index = sources.pop()
+            var_index[var.op] = index
+            slots[var.op.name] = (pairs[index][1].op.name, var)
+        elif len(sources) > 1:
+            raise ZeroError("zero.level: the optimizer variable %s is written from the "
+                            "gradients of %d variables, so no single owner can update it; "
+                            "run this optimizer without zero.level" % (var.op.name,
+                                                                       len(sources)))
+    follows = _follows(created, created_set, var_index)
+    uses = _uses(created, created_set, grad_index, var_index, slots)
+    shared = _shared_updates(created, created_set, var_index)
+    parts = collections.defaultdict(list)
+    for op in created:
+        owners_of_op = follows[op] | uses[op]
+        if len(owners_of_op) == 1 and not tf_adapter.is_variable_op(op) and op not in shared:
+            parts[pairs[next(iter(owners_of_op))][1].op.name].append(op)
+    return slots, dict(parts)
 
 
-def _owner_update(var_op, view):
-    """The ops that write ``var_op`` in the apply phase: the optimizer's update, be it
-    an Apply* kernel or a plain assign (BERT's AdamWeightDecay). Not the initializer
-    (forward phase) nor a saver's restore (session phase): a step must never run those."""
-    found = []
-    for tensor in var_op.outputs:
-        for consumer in tensor.consumers():
-            info = view.info(consumer)
-            if info is not None and info.phase == Phase.APPLY and \
-                    tf_adapter.writes_variable(consumer):
-                found.append(consumer)
-    return found
+def _follows(created, created_set, var_index):
+    """{created op: indices of the variables whose updates it follows (data or control)}.
+
+    A control edge counts when it comes from an op that writes a variable (Adam's beta
+    powers wait for every update; a sparse update's group waits for its scatters).
+    One from an op that only groups others orders, it does not make the op theirs:
+    grouped apply chains each group after the previous group's NoOp."""
+    follows = {}
+    for op in created:
+        found = set(var_index[v] for v in tf_adapter.written_variables(op) if v in var_index)
+        for source in op.inputs:
+            if source.op in created_set:
+                found |= follows.get(source.op, set())
+        for source in op.control_inputs:
+            if source in created_set and tf_adapter.written_variables(source):
+                found |= follows.get(source, set())
+        follows[op] = found
+    return follows
+
+
+def _shared_updates(created, created_set, var_index):
+    """Created ops every copy must run: those writing a variable that is neither trained
+    nor a slot (Adam's beta powers, the global step), the created ops they read (data),
+    and the ops after them (data or control) that write no trained variable or slot.
+
+    Such an op may follow one variable's update alone: grouped apply's last group can
+    hold a single variable, and Adam's ``_finish`` orders the beta-power updates after
+    that group's updates. Counted as that variable's part, the beta powers advanced on
+    its owner only (ResNet, 2 workers x 1 device, 3 groups: worker 1 kept beta1_power
+    at 0.9 and its next step's updates were off by 0.013)."""
+    def owns_state(op):
+        return any(v in var_index for v in tf_adapter.written_variables(op))
+
+    def writes_shared(op):  # a Mul or Cast reading a ref variable writes nothing
+        mutates = op.op_def.is_stateful or any(arg.is_ref for arg in op.op_def.input_arg)
+        return mutates and bool(tf_adapter.written_variables(op)) and not owns_state(op)
+
+    after = set()
+    for op in created:  # creation order: an op's inputs come first
+        if owns_state(op):
+            continue
+        if (writes_shared(op) or any(t.op in after for t in op.inputs)
+                or any(c in after for c in op.control_inputs)):
+            after.add(op)
+    before, stack = set(), [op for op in after if writes_shared(op)]
+    while stack:  # what the shared writers read (not the variables themselves)
+        for tensor in stack.pop().inputs:
+            source = tensor.op
+            if source in created_set and source not in before and source not in after \
+                    and not owns_state(source) and not tf_adapter.is_variable_op(source):
+                before.add(source)
+                stack.append(source)
+    return after | before
+
+
+def _uses(created, created_set, grad_index, var_index, slots):
+    """{created op: indices of the variables whose gradient or slots it reads (data)}:
+    an update's arithmetic (BERT's ``beta2 * v + ...``) belongs to its variable."""
+    uses = {}
+    for op in created:
+        found = set()
+        if op.name in slots:
+            found.add(var_index[op])
+        for tensor in op.inputs:
+            if tensor.op in grad_index:
+                found.add(grad_index[tensor.op])
+            elif tensor.op in created_set:
+                found |= uses.get(tensor.op, set())
+        uses[op] = found
+    return uses
+
+
+def _gradients_read(created, created_set, grad_index):
+    """{created op: indices of the gradients it reads, directly or through created ops}."""
+    reads = {}
+    for op in created:
+        found = set()
+        for tensor in op.inputs:
+            if tensor.op in grad_index:
+                found.add(grad_index[tensor.op])
+            elif tensor.op in created_set:
+                found |= reads.get(tensor.op, set())
+        reads[op] = found
+    return reads
+
+
+def _drop_from_collections(graph, var_ops):
+    """Slots are ZeRO's state: initialized on their owner only, saved by ZeRO's saveables
+    (the user's initializers, readiness checks and savers never see them)."""
+    for key in graph.get_all_collection_keys():
+        items = graph.get_collection_ref(key)
+        kept = [item for item in items if getattr(item, "op", None) not in var_ops]
+        if len(kept) != len(items):
+            items[:] = kept

@@ -24,8 +24,10 @@ other savers on DP, a pipeline (overflow in one micro-batch) and gradient
 accumulation (overflow in the second run of a step). Across workers:
 tests/multiworker/test_saver_composition_workers.py.
 
-Refusals: every combination EPL refuses raises an error naming the keys and
-values (ZeRO on several local devices, with pipelines or accumulation). Keys of
+ZeRO on several local devices, with pipelines or accumulation, with AMP (v1) and
+with grouped apply on several devices per worker, once refused naming both keys,
+are cells of the matrix (ZeRO's remaining refusals: tests/multiworker/test_zero.py,
+tests/graph/test_saver_seam.py). Keys of
 gradient checkpointing without its type are accepted with a warning.
 """
 import logging
@@ -64,6 +66,13 @@ FP32_SAVERS = {
     "offload+grouped": _merge(OFFLOAD, GROUPED),
     "gc": GC,
     "gc+offload+grouped": _merge(GC, OFFLOAD, GROUPED),
+    # refused before ZeRO worked on every layout ("2 devices per worker", "2 TaskGraphs",
+    # "pipeline.num_micro_batch=2")
+    "zero_v1": {"zero.level": "v1"},
+    "zero_v0+offload": _merge({"zero.level": "v0"}, OFFLOAD),
+    # refused on several devices per worker before grouped apply's chaining stopped
+    # making later groups' updates shared ("optimizer.num_apply_group=3 is not supported")
+    "zero_v1+grouped": _merge({"zero.level": "v1"}, GROUPED),
 }
 AMP_SAVERS = {
     "amp": AMP,
@@ -71,6 +80,9 @@ AMP_SAVERS = {
     "amp+offload": _merge(AMP, OFFLOAD),
     "amp+offload+grouped": _merge(AMP, OFFLOAD, GROUPED),
     "amp+gc": _merge(AMP, GC),
+    "amp+zero_v0": _merge(AMP, {"zero.level": "v0"}),
+    # refused before members agreed on skipping a step ("zero.level='v1' with amp.level")
+    "amp+zero_v1": _merge(AMP, {"zero.level": "v1"}),
 }
 LAYOUTS = {
     # layout: (runner, slices per step of the serial reference, moving statistics compared)
@@ -125,6 +137,9 @@ def _run_cell(config, layout):
 @pytest.mark.parametrize("saver", sorted(FP32_SAVERS))
 def test_float32_savers_match_serial(saver, layout):
     ref_curve, reference, curve, copies, stats = _run_cell(FP32_SAVERS[saver], layout)
+    if "zero.level" in FP32_SAVERS[saver]:  # slots live on their owners only (compared in
+        reference = dict((n, v) for n, v in reference.items()  # test_zero_checkpoint_layouts)
+                         if not _is_slot(n) or "_power" in n)
     assert set(reference) - {"global_step"} <= set(copies), "copies missing variables"
     worst, where = corpusutil.max_difference(reference, copies, stats)
     _record(worst)
@@ -197,7 +212,7 @@ OVERFLOWS = {
 }
 
 
-@pytest.mark.parametrize("saver", ["grouped", "offload+grouped"])
+@pytest.mark.parametrize("saver", ["grouped", "offload+grouped", "zero_v0+offload", "zero_v1"])
 @pytest.mark.parametrize("layout", ["dp_1x2", "pipeline_2x2", "ga_2"])
 def test_overflow_skips_the_step_everywhere_with_other_savers(layout, saver, monkeypatch):
     """An overflow in one replica / micro-batch / accumulation run skips the whole step
@@ -221,12 +236,11 @@ def test_overflow_skips_the_step_everywhere_with_other_savers(layout, saver, mon
     assert new["EPL_AMP/skipped_steps"] == [1] * len(new["EPL_AMP/skipped_steps"])
     assert new["global_step"] == [old["global_step"][0] + 1]
     assert set(last["global_step"]) == {3}  # three steps, one of them skipped
-    changed = [n for n in ("d1/kernel", "d2/kernel", "d1/kernel/Adam")
-               if not np.array_equal(last[n][0], new[n][0])]
-    assert changed == ["d1/kernel", "d2/kernel", "d1/kernel/Adam"]
+    watched = [n for n in ("d1/kernel", "d2/kernel", "d1/kernel/Adam") if n in last]
+    changed = [n for n in watched if not np.array_equal(last[n][0], new[n][0])]
+    assert changed == watched and len(watched) >= 2  # ZeRO: slots are not per-copy
 
 
-# ---- refused combinations -------------------------------------------------------------
 def _build_local(settings, devices, staged=False):
     epl.init(epl.Config(settings), cluster=Cluster(devices_per_worker=devices))
     x, y = make_data(16)
@@ -236,30 +250,6 @@ def _build_local(settings, devices, staged=False):
         epl.set_default_strategy(epl.replicate(1))
         loss = mlp(*dataset_input(x, y, 4), weights=initial_weights())
     return tf.train.AdamOptimizer(0.01).minimize(loss)
-
-
-REFUSED = {
-    # case: (settings, devices, staged, words the message must contain)
-    "zero_dp_1x2": ({"zero.level": "v1"}, 2, False,
-                    ["zero.level='v1'", "2 devices per worker"]),
-    "zero_offload_grouped_dp_1x2": (_merge({"zero.level": "v0"}, OFFLOAD, GROUPED), 2, False,
-                                    ["zero.level='v0'", "2 devices per worker"]),
-    "zero_amp_dp_1x2": (_merge({"zero.level": "v0"}, AMP), 2, False,
-                        ["zero.level='v0'", "2 devices per worker", "amp.level='O1'"]),
-    "zero_ga_2": ({"zero.level": "v0", "pipeline.num_micro_batch": 2}, 1, False,
-                  ["zero.level='v0'", "pipeline.num_micro_batch=2"]),
-    "zero_pipeline_2x2": ({"zero.level": "v1", "pipeline.num_micro_batch": 2}, 2, True,
-                          ["zero.level='v1'", "2 TaskGraphs", "pipeline.num_micro_batch=2"]),
-}
-
-
-@pytest.mark.parametrize("case", sorted(REFUSED))
-def test_refused_combinations_name_keys_and_values(case):
-    settings, devices, staged, words = REFUSED[case]
-    with pytest.raises(ValueError) as error:
-        _build_local(settings, devices, staged)
-    for word in words:
-        assert word in str(error.value), (word, str(error.value))
 
 
 NO_EFFECT_VALUES = {"gradient_checkpoint.end_taskgraph": 0,

@@ -20,8 +20,8 @@ from epl.ir.records import ApplyCall, GradientCall
 from epl.runtime import build_time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# savers still on the bound-arguments seam (ZeRO, see build_time._BOUND_SAVERS) and the seam
-BOUND_ARGUMENT_MODULES = ("build_time.py", "zero.py", "zero_checkpoint.py")
+# the seam alone maps records to TF's call arguments
+BOUND_ARGUMENT_MODULES = ("build_time.py",)
 
 
 class _Saver(object):
@@ -103,34 +103,19 @@ def test_gradient_savers_receive_a_gradient_record(monkeypatch):
     assert grads == [2.0, 2.0]
 
 
-def test_a_saver_on_the_bound_arguments_seam_still_composes(monkeypatch):
-    """ZeRO takes the call's bound arguments until it moves to records."""
-    seen = []
-
-    class _Bound(object):
-        __name__ = build_time._BOUND_SAVERS[0]
-
-        @staticmethod
-        def wrap_apply(call, view, config, cluster):
-            def apply(bound):
-                seen.append((list(bound.arguments), cluster.gpu_num_per_worker))
-                bound.arguments["grads_and_vars"] = bound.arguments["grads_and_vars"][1:]
-                return call(bound)
-            return apply
-    outer = _Saver()
-    monkeypatch.setattr(build_time, "_active",
-                        lambda names, config, attribute: [outer, _Bound()])
-    original, applied = _optimizer_call()
-    optimizer = object()
-    bound = inspect.signature(original).bind(optimizer, [("g0", "v0"), ("g1", "v1")])
-    build_time.apply(_build(), original, bound, "grads_and_vars")
-    assert seen == [(["self", "grads_and_vars", "global_step", "name"], 2)]
-    assert applied == [(optimizer, [("g1", "v1")], None, None)]
+def test_every_apply_saver_takes_records():
+    """One seam: every apply saver's hook is ``wrap_apply(call, build)`` (ZeRO too, which
+    took TF's bound arguments and the cluster through a bridge)."""
+    import importlib
+    assert not hasattr(build_time, "_BOUND_SAVERS")
+    for name in build_time.APPLY_SAVERS:
+        module = importlib.import_module(name)
+        assert list(inspect.signature(module.wrap_apply).parameters) == ["call", "build"], name
 
 
 def test_savers_never_read_call_arguments():
-    """No saver guesses which argument holds the pairs: only the seam (and ZeRO, on the
-    old seam) touches ``BoundArguments``."""
+    """No saver guesses which argument holds the pairs: only the seam touches
+    ``BoundArguments``."""
     offenders = []
     for path in sorted(glob.glob(os.path.join(REPO_ROOT, "epl", "runtime", "*.py"))):
         if os.path.basename(path) in BOUND_ARGUMENT_MODULES:
@@ -158,11 +143,12 @@ def test_feature_state_lives_on_the_view():
 
 def test_the_ir_graph_names_no_feature():
     """Feature records live in the view's feature table, not in attributes named after
-    the layers above the IR; ``zero`` and ``auto_partition`` are read-only spellings of
-    two slots (public API, and ZeRO until it moves to its slot)."""
+    the layers above the IR; ``auto_partition`` is a read-only spelling of its slot
+    (public API)."""
     view = Graph(tf.Graph())
     for name in ("zero", "sharded_variables", "layer_collectives", "auto_partition", "amp"):
         assert name not in vars(view), name
+    assert not hasattr(view, "zero")
     view.set_feature_state("auto_partition", "cut")
     assert view.auto_partition == "cut"
 
@@ -177,3 +163,57 @@ def test_amp_records_live_in_the_feature_table():
     tf.train.GradientDescentOptimizer(0.1).minimize(loss)
     assert amp.state() is epl.Graph.get().feature_state("amp")
     assert amp.state().loss_scales
+
+
+def test_zero_records_live_in_the_feature_table():
+    """ZeRO's build record is its FeatureSlot's, made through the record seam: the saver
+    gets an ApplyCall and a BuildContext and never reads the Env or TF's arguments."""
+    from epl.runtime import zero
+    epl.init(epl.Config({"zero.level": "v1"}), cluster=Cluster(devices_per_worker=2))
+    epl.set_default_strategy(epl.replicate(1))
+    x = tf.placeholder(tf.float32, [4, 8])
+    w = tf.get_variable("w", [8, 2])
+    b = tf.get_variable("b", [2])
+    loss = tf.reduce_mean(tf.matmul(x, w) + b)
+    tf.train.AdamOptimizer(0.1).minimize(loss)
+    record = zero.build_record(epl.Graph.get())
+    assert record is epl.Graph.get().feature_state("zero")
+    assert record.variables == ("w", "b") and record.nbytes == {"w": 64, "b": 8}
+    assert sorted(variable for variable, _ in record.slots.values()) == ["b", "b", "w", "w"]
+
+
+def test_zero_shared_state_updates_belong_to_no_variable():
+    """Grouped apply's last group can hold one variable (here w), after which Adam's
+    _finish updates the beta powers and the step advances: those updates are shared,
+    never w's part, or w's non-owner drops them (worker 1 of the ResNet corpus run kept
+    beta1_power at 0.9: 0.0129 off serial training)."""
+    from epl import tf_adapter
+    from epl.runtime import zero
+    epl.init(epl.Config({"zero.level": "v1", "optimizer.num_apply_group": 2}),
+             cluster=Cluster(devices_per_worker=2))
+    epl.set_default_strategy(epl.replicate(1))
+    x = tf.placeholder(tf.float32, [4, 8])
+    w = tf.get_variable("w", [8, 2])
+    b = tf.get_variable("b", [2])
+    step = tf.train.get_or_create_global_step()
+    tf.train.AdamOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(x, w) + b), step)
+    record = zero.build_record(epl.Graph.get())
+    written = dict((op.name, [v.name for v in tf_adapter.written_variables(op)])
+                   for ops in record.parts.values() for op in ops)
+    assert sorted(record.parts) == ["b", "w"]
+    assert not [n for n, names in written.items()
+                if set(names) & {"beta1_power", "beta2_power", "global_step"}], written
+
+
+def test_zero_refuses_a_second_apply_call():
+    """The owners and the exchange cover one training step; a second optimizer call
+    would be overwritten (silently unpartitioned) or dragged into the first's step."""
+    from epl.runtime import zero_error
+    epl.init(epl.Config({"zero.level": "v0"}), cluster=Cluster(devices_per_worker=2))
+    epl.set_default_strategy(epl.replicate(1))
+    x = tf.placeholder(tf.float32, [4, 8])
+    w = tf.get_variable("w", [8, 2])
+    v = tf.get_variable("v", [8, 2])
+    tf.train.AdamOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(x, w)), var_list=[w])
+    with pytest.raises(zero_error.ZeroError, match="zero.level='v0'.*second"):
+        tf.train.AdamOptimizer(0.1).minimize(tf.reduce_mean(tf.matmul(x, v)), var_list=[v])

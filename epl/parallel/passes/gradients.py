@@ -43,8 +43,9 @@ class GradientAggregation(Pass):
     name = "gradient_aggregation"
     phase = LOWER
     reads = ("view", "config", "cluster", "plan", "copies", "num_micro_batch", "aliases", "gates",
-             "micro_batching")
-    writes = ("graph", "communicators", "epl_variables", "per_run_writes", "program.gradient_plans")
+             "micro_batching", "zero")
+    writes = ("graph", "communicators", "epl_variables", "accumulator_stores", "per_run_writes",
+              "program.gradient_plans")
 
     def applies(self, ctx):
         return ctx.view.has_training_step
@@ -112,8 +113,12 @@ def copy_plan(ctx, items, copy):
         shard = ctx.sharded_variables.get(info.name)
         return group if shard is None else (group, shard.width)
 
-    zero = ctx.view.zero
-    owner_of = zero.owner_of if zero is not None and zero.level == "v1" else None
+    owner_of = None
+    if ctx.zero is not None and ctx.zero.level == "v1":  # ZeRO's owners, as group ranks
+        owner_of = {}
+        for name, device in ctx.zero.owner.items():
+            group = ctx.dp_group(ctx.tf_graph.get_operation_by_name(name), copy)
+            owner_of[name] = group.devices.index(device)
     return gp.plan_gradients(infos, group_of, ctx.config.communication, ctx.num_micro_batch,
                              steps, owner_of)
 
@@ -335,3 +340,5 @@ def _rewire(ctx, item, copy, local):
         if local.store is not None:
             for op in users:
                 tf_adapter.add_control_inputs(op, [local.store])
+            # a pass that keeps a copy from updating the variable (ZeRO) still runs it
+            ctx.accumulator_stores[copy].append(local.store)

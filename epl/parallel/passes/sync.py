@@ -32,7 +32,7 @@ class VariableSync(Pass):
     name = "variable_sync"
     phase = LOWER
     reads = ("view", "config", "cluster", "plan", "copies", "roles", "instances", "dropped",
-             "epl_variables")
+             "epl_variables", "state_initializers", "zero")
     writes = ("graph", "communicators", "program.sync_op", "program.setup_op",
               "program.linked_init", "program.init_check")
 
@@ -45,6 +45,7 @@ class VariableSync(Pass):
         with tf.device(ctx.host), tf.name_scope("EPL_SYNC"):
             if ctx.epl_variables:
                 setup.append(tf.variables_initializer(ctx.epl_variables, name="init_epl_state"))
+            setup.extend(ctx.state_initializers)
             if setup:
                 ctx.program.setup_op = tf.group(*setup, name="setup")
         if ctx.program.linked_init and not ctx.cluster.distributed:
@@ -58,10 +59,8 @@ def build_broadcast(ctx):
     """``program.sync_op`` (every copy's variables from worker 0's replica 0, the
     global step, EPL's set-up) and ``program.init_check``."""
     ops = []
-    local_only = ctx.view.zero.local_variables if ctx.view.zero is not None else ()
-    for var_op in ctx.roles.variables:
-        if var_op.name not in local_only:  # ZeRO: slots live on their owner only
-            ops.extend(_broadcast_variable(ctx, var_op))
+    for var_op in _user_variables(ctx):  # ZeRO: slots live on their owner only
+        ops.extend(_broadcast_variable(ctx, var_op))
     ops.extend(_broadcast_step(ctx))
     if ctx.program.setup_op is not None:
         ops.append(ctx.program.setup_op)
@@ -69,7 +68,7 @@ def build_broadcast(ctx):
         if not ops:
             return
         ctx.program.sync_op = tf.group(*ops, name="sync")
-        user_vars = list(ctx.roles.variables)
+        user_vars = _user_variables(ctx)
         step = tf_adapter.global_step_tensor(ctx.tf_graph)
         if step is not None:
             user_vars.append(step.op)
@@ -137,6 +136,13 @@ def _broadcast_step(ctx):
         return [tf_adapter.assign_variable(step.op, value)]
 
 
+def _user_variables(ctx):
+    """The copied variables the user initializes: not ZeRO's slots (EPL's state, on their
+    owners only)."""
+    slots = ctx.zero.slots if ctx.zero is not None else ()
+    return [v for v in ctx.roles.variables if v.name not in slots]
+
+
 def chain_shard_initializers(ctx):
     """Running a sharded variable's initializer (copy 0's, as the user's init op does)
     also runs every local copy's own initializer: each shard's initial value is its
@@ -162,7 +168,7 @@ def link_copy_initializers(ctx):
     broadcast (the session layer knows which happened)."""
     if ctx.cluster.distributed or len(ctx.copies) < 2:
         return False
-    names = [v.name for v in ctx.roles.variables if v.name not in ctx.sharded_variables]
+    names = [v.name for v in _user_variables(ctx) if v.name not in ctx.sharded_variables]
     initializers = initializers_of(ctx.tf_graph, names)
     if len(initializers) != len(names):
         return False

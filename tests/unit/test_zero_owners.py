@@ -1,0 +1,73 @@
+"""ZeRO's owner table: a pure function of the plan's data-parallel groups, checked on
+simulated clusters of hundreds of devices (no TF session)."""
+import collections
+
+from epl.cluster import Cluster
+from epl.config import Config
+from epl.parallel.plan import TaskGraphSpec, make_plan
+from epl.runtime.zero import load_by_device, owner_devices
+
+
+def _cluster(workers, devices):
+    return Cluster(["127.0.0.1:%d" % (2000 + i) for i in range(workers)], 0, devices)
+
+
+def _variables(stages, per_stage):
+    """(name, bytes, stage): sizes like a transformer's (a few large, many small)."""
+    found = []
+    for stage in range(stages):
+        for index in range(per_stage):
+            nbytes = 4 * (1024 * 1024 if index % 6 == 0 else 4096 * (1 + index % 5))
+            found.append(("s%d/v%d" % (stage, index), nbytes, stage))
+    return found
+
+
+def _table(plan, variables):
+    stage_of = dict((name, stage) for name, _, stage in variables)
+    return owner_devices([(n, b) for n, b, _ in variables],
+                         lambda name: plan.taskgraphs[stage_of[name]].dp_group().devices)
+
+
+def test_512_devices_one_group_every_device_owns_a_balanced_share():
+    plan = make_plan(Config(), _cluster(64, 8), [TaskGraphSpec("model", "replicate", 1)])
+    variables = _variables(1, 2048)
+    table = _table(plan, variables)
+    devices = plan.taskgraphs[0].dp_group().devices
+    assert len(devices) == 512 and set(table.values()) == set(devices)
+    nbytes = dict((n, b) for n, b, _ in variables)
+    load = load_by_device(table, nbytes)
+    ideal = sum(nbytes.values()) / 512.0
+    assert max(load.values()) <= ideal + max(nbytes.values())  # greedy bound
+    assert min(load.values()) > 0
+
+
+def test_pipeline_owners_stay_in_their_stage_group_and_copies_split_them_exactly():
+    specs = [TaskGraphSpec("s%d" % i, "replicate", 1) for i in range(4)]
+    plan = make_plan(Config({"pipeline.num_micro_batch": 4}), _cluster(32, 8), specs)
+    variables = _variables(4, 200)
+    table = _table(plan, variables)
+    for name, _, stage in variables:
+        assert table[name] in plan.taskgraphs[stage].dp_group().devices
+    # every (worker, copy) updates what it owns; together they update each variable once
+    updates = collections.Counter()
+    for worker in range(32):
+        for copy in plan.copies_of(worker):
+            for name, _, stage in variables:
+                if table[name] == copy.devices[stage]:
+                    updates[name] += 1
+    assert updates == collections.Counter(dict((n, 1) for n, _, _ in variables))
+
+
+def test_the_table_does_not_depend_on_the_worker_that_computes_it():
+    specs = [TaskGraphSpec("model", "replicate", 1)]
+    variables = _variables(1, 300)
+    tables = [_table(make_plan(Config(), Cluster(["127.0.0.1:%d" % (2000 + i)
+                                                  for i in range(16)], w, 4), specs), variables)
+              for w in (0, 7, 15)]
+    assert tables[0] == tables[1] == tables[2]
+
+
+def test_a_group_of_one_device_or_a_shard_has_no_owner():
+    table = owner_devices([("a", 8), ("b", 8), ("shard", 8)],
+                          lambda n: None if n == "shard" else ("d0",))
+    assert table == {}
