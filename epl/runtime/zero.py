@@ -149,7 +149,7 @@ def partition(created, pairs, new_vars):
                 else (grad,):
             grad_index[tensor.op] = index
     var_index = dict((var.op, index) for index, (_, var) in enumerate(pairs))
-    reads = _gradients_read(created, created_set, grad_index)
+    reads = _uses(created, created_set, grad_index)  # gradients only: no slots yet
     slots = collections.OrderedDict()
     for var in new_vars:
         writers = [op for op in created if var.op in tf_adapter.written_variables(op)]
@@ -229,9 +229,10 @@ def _shared_updates(created, created_set, var_index):
     return after | before
 
 
-def _uses(created, created_set, grad_index, var_index, slots):
-    """{created op: indices of the variables whose gradient or slots it reads (data)}:
-    an update's arithmetic (BERT's ``beta2 * v + ...``) belongs to its variable."""
+def _uses(created, created_set, grad_index, var_index=None, slots=()):
+    """{created op: indices of the variables whose gradient or slots it reads, directly
+    or through created ops (data)}: an update's arithmetic (BERT's ``beta2 * v + ...``)
+    belongs to its variable. Without ``slots``, the gradients each op reads."""
     uses = {}
     for op in created:
         found = set()
@@ -244,20 +245,6 @@ def _uses(created, created_set, grad_index, var_index, slots):
                 found |= uses.get(tensor.op, set())
         uses[op] = found
     return uses
-
-
-def _gradients_read(created, created_set, grad_index):
-    """{created op: indices of the gradients it reads, directly or through created ops}."""
-    reads = {}
-    for op in created:
-        found = set()
-        for tensor in op.inputs:
-            if tensor.op in grad_index:
-                found.add(grad_index[tensor.op])
-            elif tensor.op in created_set:
-                found |= reads.get(tensor.op, set())
-        reads[op] = found
-    return reads
 
 
 def _drop_from_collections(graph, var_ops):
