@@ -99,17 +99,19 @@ class ParallelProgram(object):
                 or self._sync_builder is not None)
 
     def defer_sync(self, builder):
-        """``builder(program)`` sets ``sync_op`` and ``init_check`` when a session
-        first needs them (:meth:`build_sync`): on one worker whose copies the user's
+        """``builder()`` sets ``sync_op`` and ``init_check`` when a session first
+        needs them (:meth:`build_sync`): on one worker whose copies the user's
         initializers set (``linked_init``), only a restore needs the broadcast."""
         self._sync_builder = builder
 
     def build_sync(self):
-        """Build the deferred broadcast now (once, whichever session asks first)."""
+        """Build the deferred broadcast now (once, whichever session asks first). A
+        builder that fails stays, so the next run tries again rather than skipping
+        the broadcast."""
         with self._sync_lock:
-            builder, self._sync_builder = self._sync_builder, None
-            if builder is not None:
-                builder(self)
+            if self._sync_builder is not None:
+                self._sync_builder()
+                self._sync_builder = None
 
     def map_element(self, element):
         """(what to fetch for a user fetch element, extra ops to run with it).

@@ -315,3 +315,24 @@ def test_pipelines_train_alike_with_the_function_optimizer_on_and_off():
             values.append(sess.run([v for v in tf.trainable_variables()]))
     for off, on in zip(*values):
         np.testing.assert_allclose(off, on, rtol=0, atol=1e-6)
+
+
+def test_a_deferred_broadcast_that_fails_to_build_is_tried_again():
+    """A failure while building the deferred broadcast must not leave a program that
+    silently never broadcasts after a restore."""
+    from epl.parallel.program import ParallelProgram
+    program, calls = ParallelProgram(None, 0, 2), []
+
+    def builder():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("first build fails")
+    program.defer_sync(builder)
+    assert program.needs_sync
+    try:
+        program.build_sync()
+    except RuntimeError:
+        pass
+    program.build_sync()
+    program.build_sync()
+    assert len(calls) == 2

@@ -1,4 +1,6 @@
 """Make every copy's variables equal to replica 0's before the first step."""
+import functools
+
 from epl import tf_adapter
 from epl.parallel.context import SYNC
 from epl.ops.shards import shard_shape
@@ -50,7 +52,7 @@ class VariableSync(Pass):
                 ctx.program.setup_op = tf.group(*setup, name="setup")
         if ctx.program.linked_init and not ctx.cluster.distributed:
             # The broadcast serves only restores: built when one happens.
-            ctx.program.defer_sync(lambda program: _in_rewrite_scope(ctx, build_broadcast))
+            ctx.program.defer_sync(functools.partial(_in_rewrite_scope, ctx, build_broadcast))
         else:
             build_broadcast(ctx)
 
