@@ -9,7 +9,11 @@ replicas rows, no EPL) and once under EPL:
 * ``build s``: building the graph (EPL's op-creation hooks installed or not);
 * ``rewrite s``: EPL's ``parallelize`` (inside the session's graph finalize);
 * ``first step s``: from the start of ``MonitoredTrainingSession`` creation to
-  the end of the first ``run`` (for EPL it includes the rewrite);
+  the end of the first ``run`` (for EPL it includes the rewrite). EPL's local
+  sessions place only the ops each run needs (``place_pruned_graph``, see
+  ``epl/cluster/session_config.py``), which plain TF does not do by default; so
+  plain TF is also run with that option (``TF pruned``), to tell what EPL's
+  rewrite costs from what the option saves;
 * ``ops`` and ``graph MB``: the graph after the rewrite (its GraphDef, function
   library included);
 * ``steady s``: mean time of the following steps;
@@ -54,6 +58,7 @@ MICRO_BATCH = 4
 TRACE_LIMIT = 24 * 32  # layers x micro-batches x replicas up to which a step is traced
 TIMEOUT = 2400
 FUNCTIONS, UNROLLED = "stage_functions", "unrolled"
+PLAIN_PRUNED = "plain_pruned"  # plain TF with the session option EPL sets (place_pruned_graph)
 
 # sweep -> [(size, layers, stages, micro-batches, replicas, lowering)]
 SWEEPS = {
@@ -85,6 +90,7 @@ def child(args):
     timings["build"] = time.time() - start
     counts["ops_before"] = len(tf.get_default_graph().get_operations())
     config = tf.ConfigProto(device_count={"CPU": max(devices, 1)})
+    config.graph_options.place_pruned_graph = args.mode == PLAIN_PRUNED
     start = time.time()
     with tf.train.MonitoredTrainingSession(config=config) as sess:
         sess.run(train)
@@ -184,7 +190,7 @@ def best_of(repeats, config, mode, steady_steps):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", default="epl", choices=("epl", "plain"))
+    parser.add_argument("--mode", default="epl", choices=("epl", "plain", PLAIN_PRUNED))
     parser.add_argument("--size", default="mid")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--stages", type=int, default=2)
@@ -216,8 +222,11 @@ def main(argv=None):
                           micro_batches=micro, replicas=replicas, lowering=lowering or "-")
             try:  # a failed configuration is reported in its row; the others still run
                 if key not in plain_runs:  # plain TF only depends on the work per step
-                    plain_runs[key] = best_of(args.repeats, config, "plain", args.steady_steps)
-                record.update(plain=plain_runs[key],
+                    plain_runs[key] = dict(
+                        (mode, best_of(args.repeats, config, mode, args.steady_steps))
+                        for mode in ("plain", PLAIN_PRUNED))
+                record.update(plain=plain_runs[key]["plain"],
+                              plain_pruned=plain_runs[key][PLAIN_PRUNED],
                               epl=best_of(args.repeats, config, "epl", args.steady_steps))
             except common.BenchmarkError as err:
                 record["error"] = str(err).splitlines()[0]
@@ -254,18 +263,26 @@ def _row(record):
     head = [record["sweep"], "%s-%d" % (record["size"], record["layers"]), record["stages"],
             record["micro_batches"], record["replicas"], record["lowering"]]
     if "error" in record:
-        return head + ["failed: %s" % record["error"]] + [""] * 5
+        return head + ["failed: %s" % record["error"]] + [""] * 6
     plain, epl_run = record["plain"], record["epl"]
     mb = lambda value: "%.0f" % (value / 2.0 ** 20)
     return head + [
             "%.2f" % epl_run["rewrite"],
             "%.1f / %.1f (%.2fx)" % (plain["first_step"], epl_run["first_step"],
                                      epl_run["first_step"] / plain["first_step"]),
+            _pruned_ratio(record.get("plain_pruned"), epl_run),
             "%d -> %d" % (epl_run["ops_before"], epl_run["ops_after"]),
             "%.1f" % (epl_run["graph_bytes"] / 2.0 ** 20),
             "%.2f / %.2f" % (plain["steady_step"], epl_run["steady_step"]),
             " / ".join(mb(p) for p in epl_run["peak_bytes"]) if epl_run["peak_bytes"]
             else "not traced"]
+
+
+def _pruned_ratio(pruned, epl_run):
+    """Plain TF with EPL's placement option (records from before it have none)."""
+    if not pruned:
+        return "-"
+    return "%.1f (%.2fx)" % (pruned["first_step"], epl_run["first_step"] / pruned["first_step"])
 
 
 def _write(out, payload):
@@ -282,12 +299,15 @@ def _write(out, payload):
         "on one device" % MICRO_BATCH,
         "- first step = from the start of MonitoredTrainingSession creation to the end of the "
         "first run (for EPL it includes the rewrite, the variable broadcast and TF's graph "
-        "optimization); each side is the fastest of %d fresh processes; steady = mean of "
+        "optimization); TF pruned = plain TF with place_pruned_graph, the option EPL sets on "
+        "its local sessions (before 2026-11-26 EPL did not); "
+        "each side is the fastest of %d fresh processes; steady = mean of "
         "the following steps; peak MB = peak activation and temporary bytes per device "
         "(stage) in a traced step" % payload.get("repeats", 1), "",
         common.markdown_table(
             ["sweep", "model-layers", "stages", "micro-batches", "replicas", "lowering",
-             "rewrite s", "first step s (TF / EPL)", "EPL ops before -> after", "graph MB",
+             "rewrite s", "first step s (TF / EPL)", "TF pruned first step s (EPL ratio)",
+             "EPL ops before -> after", "graph MB",
              "steady s (TF / EPL)", "peak MB per device"],
             [_row(r) for r in payload["records"]])])
     common.write_results(out, "rewrite_cost", payload, markdown)

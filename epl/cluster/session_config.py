@@ -19,6 +19,16 @@ def session_config(cluster, base=None, device_filters=None, calls_functions=Fals
     32 micro-batches, that is 4.5 s of the first step, growing with the
     micro-batches. The bodies are still optimized by grappler, once each, as
     the graph's function library.
+
+    A session in one process (no server) places only the ops each run needs
+    (``place_pruned_graph``): by default TF places the whole graph at the first
+    run, and each later run with new fetches (the initializer, the readiness
+    checks, the first step) prunes and optimizes against that whole graph. EPL
+    makes the graph larger (local replicas' variables, the copies' assignments),
+    so on a 12-layer encoder with 2 local replicas that is seconds before the
+    first step (measured in ``benchmarks/rewrite_cost.py``). A distributed
+    session cannot do it (TF's master turns it off with a warning), so servers
+    and their sessions keep TF's default.
     """
     config = tf.ConfigProto()
     if base is not None:
@@ -31,6 +41,8 @@ def session_config(cluster, base=None, device_filters=None, calls_functions=Fals
         config.gpu_options.visible_device_list = cluster.run_visible_devices
     if cluster.distributed:
         config.experimental.collective_group_leader = COLLECTIVE_GROUP_LEADER
+    else:
+        config.graph_options.place_pruned_graph = True
     rewrites = config.graph_options.rewrite_options
     if calls_functions and rewrites.function_optimization == rewrites.DEFAULT:
         rewrites.function_optimization = rewrites.OFF

@@ -5,6 +5,7 @@ import epl.cluster as cluster_module
 from epl.cluster import Cluster, ClusterError, VirtualDevice, local_devices
 from epl.cluster.session_config import session_config
 from epl.config import Config
+from epl.tf_adapter import tf
 
 HOSTS = ["10.0.0.1:2222", "10.0.0.1:2223", "10.0.0.2:2222"]
 
@@ -127,3 +128,18 @@ def test_virtual_device_record():
     device = VirtualDevice(0, "stage_0", devices, ("d0", "d1"))
     assert device.num_replicas == 2 and device.all_devices == ("d0", "d1", "d2", "d3")
     assert device.slice_devices == devices
+
+
+def test_local_sessions_place_only_the_ops_each_run_needs():
+    """A session in one process places each run's pruned graph (EPL's larger graph
+    would otherwise be placed and pruned whole for every new set of fetches); a
+    distributed session cannot (TF's master turns the option off with a warning)."""
+    local = Cluster(devices_per_worker=2)
+    assert session_config(local).graph_options.place_pruned_graph
+    user = tf.ConfigProto()
+    user.graph_options.rewrite_options.constant_folding = 2  # the user's choices stay
+    merged = session_config(local, user)
+    assert merged.graph_options.place_pruned_graph
+    assert merged.graph_options.rewrite_options.constant_folding == 2
+    workers = Cluster(worker_hosts=["a:1", "b:2"], worker_index=0)
+    assert not session_config(workers).graph_options.place_pruned_graph
