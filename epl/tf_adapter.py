@@ -238,9 +238,20 @@ def update_input(op, index, tensor):
     op._update_input(index, tensor)  # pylint: disable=protected-access
 
 
-def unfinalize(graph):
-    """Let EPL add its ops to a graph that TF is about to finalize."""
-    graph._unsafe_unfinalize()  # pylint: disable=protected-access
+@contextlib.contextmanager
+def unfinalized(graph):
+    """Let EPL add its ops to ``graph`` even if TF finalized it (MonitoredTrainingSession
+    finalizes before its first run); a graph that was finalized is finalized again on
+    the way out, also when building failed, so no failure leaves the user's graph open
+    (and without calling ``finalize``, which EPL hooks to start the rewrite)."""
+    finalized = graph.finalized
+    if finalized:
+        graph._unsafe_unfinalize()  # pylint: disable=protected-access
+    try:
+        yield graph
+    finally:
+        if finalized:  # TF's own flag: Graph.finalize is hooked to rewrite the graph
+            graph._finalized = True  # pylint: disable=protected-access
 
 
 def colocation_root(op):

@@ -118,22 +118,17 @@ def parallelize(view, config, cluster, plan=None, passes=PASSES):
     plan = plan if plan is not None else plan_for(view, config, cluster)
     _check_supported(plan, cluster)
     ctx = RewriteContext(view, config, cluster, plan)
-    tf_graph = view.tf_graph
-    finalized = tf_graph.finalized
-    if finalized:
-        tf_adapter.unfinalize(tf_graph)
-    try:
-        with view.phase_scope(Phase.EPL):
-            for rewrite_pass in passes:
-                if rewrite_pass.applies(ctx):
-                    rewrite_pass.run(ctx)
-    except Exception as err:
-        view.rewrite_error = "%s: %s" % (type(err).__name__, err)
-        raise
-    ctx.finish_program()
+    with tf_adapter.unfinalized(view.tf_graph):
+        try:
+            with view.phase_scope(Phase.EPL):
+                for rewrite_pass in passes:
+                    if rewrite_pass.applies(ctx):
+                        rewrite_pass.run(ctx)
+        except Exception as err:
+            view.rewrite_error = "%s: %s" % (type(err).__name__, err)
+            raise
+        ctx.finish_program()
     view.parallel = ctx.program
-    if finalized:
-        tf_graph.finalize()
     LOG.info("EPL parallelized the graph on worker %d:\n%s", cluster.worker_index, plan)
     return ctx.program
 

@@ -75,6 +75,26 @@ def test_pass_order_is_checked():
     assert "classify_roles" in text
 
 
+class _Failing(Pass):
+    name = "test_failing"
+    phase = MODEL
+
+    def run(self, ctx):
+        raise RuntimeError("this pass fails")
+
+
+def test_a_failed_rewrite_leaves_a_finalized_graph_finalized():
+    """MonitoredTrainingSession finalizes the graph before EPL rewrites it; a rewrite
+    that fails must not leave the user's graph open to changes (before, it did)."""
+    view, env = _tiny()
+    # finalized as TF does it, without EPL's hook on finalize (which would rewrite first)
+    tf.get_default_graph()._finalized = True
+    with pytest.raises(RuntimeError, match="this pass fails"):
+        rewriter.parallelize(view, env.config, env.cluster, passes=(_Failing(),))
+    assert tf.get_default_graph().finalized
+    assert "this pass fails" in view.rewrite_error
+
+
 class _LayerAllReduce(Pass):
     """A model pass like split lowering: a collective inside the forward pass."""
 

@@ -82,16 +82,10 @@ def _in_rewrite_scope(ctx, build):
     """Run ``build(ctx)`` after the rewrite, as the rewrite ran: on the (possibly
     finalized) graph as default, EPL's phase, no user scopes or dependencies."""
     graph = ctx.tf_graph
-    finalized = graph.finalized
-    if finalized:
-        tf_adapter.unfinalize(graph)
-    try:
-        with graph.as_default(), ctx.view.phase_scope(Phase.EPL), tf.name_scope(None), \
-                tf.control_dependencies(None), tf.device(None):
-            build(ctx)
-    finally:
-        if finalized:
-            graph.finalize()
+    with tf_adapter.unfinalized(graph), graph.as_default(), \
+            ctx.view.phase_scope(Phase.EPL), tf.name_scope(None), \
+            tf.control_dependencies(None), tf.device(None):
+        build(ctx)
 
 
 def _broadcast_variable(ctx, var_op):
