@@ -35,3 +35,9 @@ def c_api():
     """TF 1.15's C API module (graph import with results)."""
     from tensorflow.python import pywrap_tensorflow as c_api
     return c_api
+
+
+def list_input(tensors):
+    """The inputs of an op with one list input (``Tin``), as TF 1.15's ``_create_c_op``
+    takes them: one entry per OpDef input, a list for a list input."""
+    return [tensors]

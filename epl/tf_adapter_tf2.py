@@ -50,3 +50,9 @@ def c_api():
     """TF 2.x's C API module (graph import with results)."""
     from tensorflow.python.client import pywrap_tf_session as c_api
     return c_api
+
+
+def list_input(tensors):
+    """The inputs of an op with one list input (``Tin``), as TF 2.x's ``_create_c_op``
+    takes them: flat (it regroups them by the OpDef)."""
+    return tensors

@@ -143,11 +143,11 @@ class _CopyBuilder(object):
             controls = [self._resolve_op(c, micro_batch) for c in body.outside_controls]
             stage, kind, _ = action
             prefix = REPLICA_PREFIX % copy + "/" if copy else ""
-            with ctx.tf_graph.as_default(), tf.name_scope(None), tf.device(
-                    ctx.device(stage, copy)), tf.control_dependencies(controls):
+            with ctx.tf_graph.as_default(), tf.name_scope(None):
                 call, results = tf_adapter.call_function(
                     function, inputs,
-                    "%s%s/%s" % (prefix, MICRO_BATCH_PREFIX % micro_batch, function.name))
+                    "%s%s/%s" % (prefix, MICRO_BATCH_PREFIX % micro_batch, function.name),
+                    ctx.device(stage, copy), controls)
             phase = Phase.FORWARD if kind == FORWARD else Phase.BACKWARD
             ctx.view.record_clone(call, OpInfo(stage, phase), copy, micro_batch, None)
             calls[action] = call
