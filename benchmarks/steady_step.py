@@ -1,0 +1,143 @@
+"""Steady step of a pipeline: stage functions against unrolled copies, A/B.
+
+Issue 17 asks that calling each stage as a function per micro-batch leaves the
+steady step within 5% of one graph copy per micro-batch (no loop or call
+overhead). A single process's mean of 3 steps is not enough to tell: on a
+shared 2-core VM the same configuration differed by 30% either way between
+processes. So each lowering runs in ``--repeats`` fresh processes, alternated
+(A B A B ...) so that a slow period of the machine hits both, each timing
+``--steps`` steps after ``--warmup`` untimed ones; a process reports its median
+step, and the report gives, per lowering, the median of those medians with
+their range, plus the machine's load before each process.
+
+Model: the ``mid`` encoder of ``benchmarks/rewrite_cost.py`` (12 layers, hidden
+384, seq 32, 12 heads, micro-batch 4, Adam), 2 stages on 1 worker x 2 virtual
+CPU devices.
+
+    .venv/bin/python benchmarks/steady_step.py [--micro-batches 4,16] [--repeats 3]
+        [--steps 8] [--warmup 2]
+
+Writes benchmarks/results/steady_step.{json,md}.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import common  # noqa: E402
+
+LOWERINGS = ("stage_functions", "unrolled")
+TIMEOUT = 1800
+
+
+def child(args):
+    """One process: build, first step, warm-up, timed steps; prints a BENCH line."""
+    import tensorflow.compat.v1 as tf
+    import epl
+    import transformer
+    from epl.cluster import Cluster
+    size = dict(transformer.SIZES["mid"], layers=12)
+    epl.init(epl.Config({"pipeline.num_micro_batch": args.micro_batches,
+                         "pipeline.micro_batching": args.lowering}),
+             cluster=Cluster(devices_per_worker=2))
+    stages = [epl.replicate(1, name="stage_%d" % s) for s in range(2)]
+    half = size["layers"] // 2
+    loss, train = transformer.build(tf, size, 4, lambda layer: stages[min(layer // half, 1)])
+    config = tf.ConfigProto(device_count={"CPU": 2})
+    start = time.time()
+    with tf.train.MonitoredTrainingSession(config=config) as sess:
+        sess.run(train)
+        first = time.time() - start
+        for _ in range(args.warmup):
+            sess.run(train)
+        steps = []
+        for _ in range(args.steps):
+            start = time.time()
+            sess.run(train)
+            steps.append(time.time() - start)
+    common.bench_line(dict(first_step=first, steps=steps, median=statistics.median(steps)))
+
+
+def run_child(args, micro_batches, lowering):
+    argv = [sys.executable, os.path.abspath(__file__), "--child",
+            "--micro-batches-one", str(micro_batches), "--lowering", lowering,
+            "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=common.REPO)
+    load = common.load_average()
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=TIMEOUT, env=env)
+    lines = proc.stdout.decode(errors="replace").splitlines()
+    payloads = common.parse_bench(lines, common.SINGLE_LINE)
+    if proc.returncode != 0 or not payloads:
+        raise common.BenchmarkError("%s failed (exit %d):\n%s" % (
+            " ".join(argv[2:]), proc.returncode, "\n".join(lines[-30:])))
+    return dict(list(payloads.values())[0], load_before=load)
+
+
+def summary(runs):
+    """Median of the processes' median steps, and their range."""
+    medians = [run["median"] for run in runs]
+    return dict(median=statistics.median(medians), low=min(medians), high=max(medians))
+
+
+def row(micro_batches, result):
+    functions, unrolled = (summary(result[low]) for low in LOWERINGS)
+    span = lambda s: "%.2f (%.2f-%.2f)" % (s["median"], s["low"], s["high"])
+    return [micro_batches, span(functions), span(unrolled),
+            "%+.0f%%" % (100.0 * (functions["median"] / unrolled["median"] - 1)),
+            " ".join("%.1f" % run["load_before"][0] for low in LOWERINGS
+                     for run in result[low])]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--micro-batches-one", type=int, dest="micro_batches_one",
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--lowering", choices=LOWERINGS, help=argparse.SUPPRESS)
+    parser.add_argument("--micro-batches", type=common.csv_list(common.positive_int),
+                        default=[4, 16])
+    parser.add_argument("--repeats", type=common.positive_int, default=3)
+    parser.add_argument("--steps", type=common.positive_int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = parser.parse_args(argv)
+    if args.child:
+        args.micro_batches = args.micro_batches_one
+        return child(args)
+    results = {}
+    for micro_batches in args.micro_batches:
+        result = results[micro_batches] = dict((low, []) for low in LOWERINGS)
+        for _ in range(args.repeats):
+            for lowering in LOWERINGS:
+                result[lowering].append(run_child(args, micro_batches, lowering))
+        print(row(micro_batches, result), flush=True)
+    payload = dict(results=dict((str(m), r) for m, r in results.items()),
+                   repeats=args.repeats, steps=args.steps, warmup=args.warmup,
+                   environment=common.environment_info(sys.argv))
+    info = payload["environment"]
+    markdown = "\n".join([
+        "# Steady step: stage functions vs unrolled copies (mid-12 encoder, 2 stages, "
+        "1 worker x 2 virtual CPU devices)", "",
+        "- Command: `%s`; %s; EPL git %s; %s, %s CPUs" % (
+            info["command"], info["date"], info["git_revision"], info["cpu_model"],
+            info["cpu_count"]),
+        "- %d fresh processes per lowering, alternated; each times %d steps after %d "
+        "warm-up steps and reports its median; the table gives the median of those "
+        "medians and their range (s per step)" % (args.repeats, args.steps, args.warmup), "",
+        common.markdown_table(
+            ["micro-batches", "stage functions s", "unrolled s", "functions vs unrolled",
+             "1-min load before each process"],
+            [row(m, r) for m, r in sorted(results.items())])])
+    common.write_results(args.out, "steady_step", payload, markdown)
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
