@@ -627,13 +627,44 @@ def call_function(function, inputs, name, device, control_inputs=()):
              "Tout": types(function.output_types), "config": value(s=b""),
              "config_proto": value(s=_DISABLED_REWRITES), "executor_type": value(s=b""),
              "_disable_call_shape_inference": value(b=True), "_XlaCompile": value(b=False)}
+    op = _op_from_node(graph, node, attrs, _impl.list_input(list(inputs)), control_inputs)
+    return op, list(op.outputs)
+
+
+def _op_from_node(graph, node, attrs, inputs, control_inputs=()):
+    """An op of ``graph`` made from ``node`` (a NodeDef with its name and device)
+    with ``attrs`` through TF's C API; ``inputs`` as TF's ``_create_c_op`` takes
+    them (see ``_impl.list_input``). For ops EPL makes by the hundred outside any
+    control-flow context (see :func:`call_function`)."""
     for key, attr in attrs.items():
         node.attr[key].CopyFrom(attr)
     c_op = _ops._create_c_op(  # pylint: disable=protected-access
-        graph, node, _impl.list_input(list(inputs)), list(control_inputs))
-    op = graph._create_op_from_tf_operation(  # pylint: disable=protected-access
+        graph, node, inputs, list(control_inputs))
+    return graph._create_op_from_tf_operation(  # pylint: disable=protected-access
         c_op, compute_device=False)
-    return op, list(op.outputs)
+
+
+def _loc(op):
+    return ("loc:@" + op.name).encode()
+
+
+def assign_variable_on(var_op, value, device, name):
+    """:func:`assign_variable` on ``device`` under the unique name ``name`` (in the
+    default graph), made as :func:`_op_from_node` makes ops: EPL assigns every
+    local copy of every variable its initial value (hundreds of ops), where the
+    generated op wrappers cost about 1 ms each."""
+    graph = get_default_graph()
+    value_attr = _attr_value_pb2.AttrValue
+    dtype = value_attr(type=value.dtype.base_dtype.as_datatype_enum)
+    if is_resource_variable(var_op):
+        node_type, attrs = "AssignVariableOp", {"dtype": dtype}
+    else:  # colocated with the variable, as TF colocates an op with its ref input
+        node_type, attrs = "Assign", {"T": dtype, "validate_shape": value_attr(b=True),
+                                      "use_locking": value_attr(b=True), "_class": value_attr(
+                                          list=value_attr.ListValue(s=[_loc(var_op)]))}
+        device = var_op.device or device
+    node = _node_def_pb2.NodeDef(op=node_type, name=graph.unique_name(name), device=device)
+    return _op_from_node(graph, node, attrs, [var_op.outputs[0], value])
 
 
 _DISABLED_REWRITES = _function_utils.get_disabled_rewriter_config()

@@ -174,9 +174,10 @@ def link_copy_initializers(ctx):
         value = init.inputs[1]
         assigns = []
         for copy in range(1, len(ctx.copies)):
-            with tf.device(ctx.device(ctx.taskgraph_of(var_op), copy)), \
-                    tf.name_scope("EPL_SYNC/init"):
-                assigns.append(tf_adapter.assign_variable(ctx.instance(var_op, copy), value))
+            with ctx.tf_graph.as_default(), tf.name_scope(None):
+                assigns.append(tf_adapter.assign_variable_on(
+                    ctx.instance(var_op, copy), value,
+                    ctx.device(ctx.taskgraph_of(var_op), copy), "EPL_SYNC/init/Assign"))
         tf_adapter.add_control_inputs(init, assigns)
     return True
 
