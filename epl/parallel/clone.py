@@ -85,7 +85,7 @@ class Cloner(object):
                 self._add_placeholders(op)
             else:
                 self._add_node(op)
-        _add_functions(tf_graph, self._template, self.ops)
+        _add_functions(tf_graph, self._template)
 
     def _add_node(self, op):
         node = self._template.node.add()
@@ -229,15 +229,18 @@ def _drop_outside_colocation(node, names):
             del node.attr["_class"]
 
 
-def _add_functions(tf_graph, graph_def, ops):
-    """Include the function library when a cloned op calls a function."""
+def _add_functions(tf_graph, graph_def):
+    """Include the function library when a cloned node calls a function (the
+    template's NodeDefs: asking each op for its NodeDef again costs a C call and a
+    parse per op)."""
     functions = tf_adapter.function_names(tf_graph)
-    if functions and any(op.type in functions or _has_func_attr(op) for op in ops):
+    if functions and any(node.op in functions or _has_func_attr(node)
+                         for node in graph_def.node):
         graph_def.library.CopyFrom(tf_graph.as_graph_def().library)
 
 
-def _has_func_attr(op):
-    for value in op.node_def.attr.values():
+def _has_func_attr(node):
+    for value in node.attr.values():
         if value.HasField("func") or (value.HasField("list") and value.list.func):
             return True
     return False
