@@ -16,16 +16,18 @@ EPL parallelizes a graph at its training step, which it sees as an optimizer's
   unchanged.
 """
 import logging
-import weakref
 
 from epl import tf_adapter
+from epl.ir.features import FeatureSlot
 from epl.ir.phase import Phase
 from epl.parallel import estimator
 
 LOG = logging.getLogger("epl")
 
-_FOREIGN = weakref.WeakKeyDictionary()    # EPL graph view -> strategy class name
-_CHECKED = weakref.WeakKeyDictionary()    # view -> (graph version, error message or None)
+# per view: the tf.distribute strategy class that owns its step; the last missing-step
+# check as (graph version, error message or None)
+_FOREIGN = FeatureSlot("foreign_strategy", None)
+_CHECKED = FeatureSlot("missing_step_check", None)
 # Ops whose value is a plain load, not a computed update (Keras set_weights feeds a
 # placeholder; Checkpoint.restore reads a file; resets assign constants).
 _LOADED_VALUE_TYPES = frozenset(["Placeholder", "PlaceholderV2", "PlaceholderWithDefault",
@@ -49,13 +51,13 @@ def mark_foreign_strategy(view, strategy, cluster):
             "so every worker would train its own model. Remove the strategy and let EPL "
             "parallelize the step (epl.replicate gives data parallelism across all "
             "workers' devices), or run without epl.init." % (name, cluster.worker_num))
-    if view not in _FOREIGN:
+    if _FOREIGN.get(view) is None:
         LOG.warning(
             "EPL: this graph's optimizer runs under tf.distribute's %s; EPL stands aside "
             "and does NOT parallelize this graph (the strategy distributes it). Remove the "
             "strategy (for example RunConfig(train_distribute=...)) to let EPL parallelize "
             "it instead.", name)
-    _FOREIGN[view] = name
+    _FOREIGN.set(view, name)
 
 
 def foreign_strategy(view):
@@ -83,7 +85,8 @@ def check_missing_step(view):
     version = (len(view.op_info), len(view.gradient_calls))
     cached = _CHECKED.get(view)
     if cached is None or cached[0] != version:
-        cached = _CHECKED[view] = (version, _missing_step_message(view))
+        cached = (version, _missing_step_message(view))
+        _CHECKED.set(view, cached)
     if cached[1] is not None:
         raise RuntimeError(cached[1])
 

@@ -27,7 +27,6 @@ TaskGraph: plain data parallelism over every device (gradient accumulation
 when ``pipeline.num_micro_batch > 1``).
 """
 import logging
-import weakref
 
 from epl import tf_adapter
 from epl.ir.features import FeatureSlot
@@ -52,7 +51,7 @@ _COST_ATTRS = {"MatMul": ("transpose_a",), "BatchMatMul": ("adj_x",),
                "BatchMatMulV2": ("adj_x",)}
 # the Partition made for a view (public as epl.Graph.get().auto_partition)
 _PARTITION = FeatureSlot("auto_partition", None)
-_LOGGED = weakref.WeakKeyDictionary()     # views whose "no stages" decision was logged
+_LOGGED = FeatureSlot("auto_partition_logged", None)  # the "no stages" decision was logged
 
 
 class AutoStage(Replicate):
@@ -104,8 +103,8 @@ def partition_stages(view, config, cluster):
 
 
 def _log_once(view, message):
-    if view not in _LOGGED:
-        _LOGGED[view] = True
+    if not _LOGGED.get(view):
+        _LOGGED.set(view, True)
         LOG.info(message)
 
 
