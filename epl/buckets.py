@@ -66,3 +66,21 @@ def _cut(run, sizes, parts):
     if current:
         pieces.append(current)
     return pieces
+
+
+def owner_chunks(sizes, owners, members):
+    """Layout of one ZeRO bucket, split by owner: (chunk, by_owner).
+
+    A reduce-scatter hands member r the r-th equal chunk of a buffer and an
+    all-gather concatenates equal chunks, so the buffer is laid out by owner:
+    chunk r holds the items member r owns (indices ``by_owner[r]``, in bucket
+    order), then zeros up to ``chunk``, the largest member's share (in elements).
+    Each member thus receives its own variables' elements and padding only.
+
+    >>> owner_chunks([4, 2, 3], [1, 0, 1], 2)
+    (7, [[1], [0, 2]])
+    """
+    by_owner = [[i for i, owner in enumerate(owners) if owner == rank]
+                for rank in range(members)]
+    chunk = max(sum(sizes[i] for i in owned) for owned in by_owner) if sizes else 0
+    return chunk, by_owner

@@ -102,8 +102,10 @@ FIELDS = (
        doc="Last taskgraph index that auto gradient checkpointing applies to; -1 means all."),
     _F("gradient_checkpoint", "check_gradients", Kind.BOOL, False,
        doc="Validate the gradients computed with gradient checkpointing."),
-    _F("zero", "level", Kind.STR, "", choices=("", "v0", "v1"),
-       doc='"v0" partitions optimizer states; "v1" also partitions gradient reduction.'),
+    _F("zero", "level", Kind.STR, "", choices=("", "v0", "v1", "v2"),
+       doc='"v0" partitions optimizer states; "v1" also partitions gradient reduction; '
+           '"v2" (an EPL extension, beyond the original library) reduce-scatters gradients '
+           'in fused buckets and all-gathers the updated weights in buckets.'),
     _F("offload", "level", Kind.STR, "", choices=("", "v0"),
        doc='"v0" offloads all weights to CPU memory.'),
     _F("amp", "level", Kind.STR, "", choices=("", "O1"),

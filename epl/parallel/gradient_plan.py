@@ -16,8 +16,11 @@ Reductions:
   densely once per apply (replicas touch different rows);
 * ``local``: a group of one device, nothing to communicate.
 
-* ``reduce_scatter``: ZeRO v1, one buffer laid out by ``owner``; each member
-  receives only its own variables' reduced gradients.
+* ``reduce_scatter``: ZeRO v1 and v2, buffers laid out by ``owner``
+  (:func:`epl.buckets.owner_chunks`); each member receives only its own
+  variables' reduced gradients. v1 reduces one buffer; v2 one per bucket of
+  ``bucket_of`` (``communication.max_splits`` buckets, each balanced over the
+  owners), each reduced as soon as its gradients exist.
 """
 import collections
 
@@ -84,7 +87,7 @@ class GradientPlan(collections.namedtuple("GradientPlan", ["entries"])):
 
 
 def plan_gradients(infos, group_of, comm_config, micro_batches=1, accumulation_steps=1,
-                   owner_of=None):
+                   owner_of=None, bucket_of=None):
     """The gradient plan of one copy.
 
     Args:
@@ -97,8 +100,10 @@ def plan_gradients(infos, group_of, comm_config, micro_batches=1, accumulation_s
       comm_config: the ``communication`` config section.
       micro_batches: pipeline micro-batches summed before the reduction.
       accumulation_steps: runs accumulated per apply (gradient accumulation).
-      owner_of: ZeRO v1 {variable name: owner rank}: dense gradients are reduce-scattered
-        to their owners instead of all-reduced.
+      owner_of: ZeRO v1/v2 {variable name: owner rank}: dense gradients are
+        reduce-scattered to their owners instead of all-reduced.
+      bucket_of: ZeRO v2 {variable name: bucket number}, decided with the owners
+        (:func:`epl.runtime.zero.bucket_owner_devices`); None: one bucket (v1).
     """
     mean = comm_config.gradients_reduce_method == "mean"
     accumulate = accumulation_steps > 1
@@ -115,8 +120,9 @@ def plan_gradients(infos, group_of, comm_config, micro_batches=1, accumulation_s
             entries.append(Entry(info.name, group, None, ALL_REDUCE if group.size > 1 else LOCAL,
                                  accumulate, divisor, collective_mean, None))
         if owner_of is not None and group.size > 1:
-            entries += [Entry(i.name, group, 0, REDUCE_SCATTER, accumulate, divisor,
-                              collective_mean, owner_of[i.name]) for i in dense]
+            entries += [Entry(i.name, group, (bucket_of or {}).get(i.name, 0), REDUCE_SCATTER,
+                              accumulate, divisor, collective_mean, owner_of[i.name])
+                        for i in dense]
             dense = []
         for info, bucket in zip(dense, _bucket_of(dense, comm_config.max_splits)):
             reduction = ALL_REDUCE if group.size > 1 else LOCAL

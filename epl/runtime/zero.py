@@ -1,4 +1,4 @@
-"""ZeRO: optimizer states (v0) and gradient reduction (v1) partitioned over data parallelism.
+"""ZeRO: optimizer states (v0), gradient reduction (v1, v2) partitioned over data parallelism.
 
 Every trained variable gets one *owner*: a device of its data-parallel group
 (the plan's group of its TaskGraph; a pipeline stage's own group), balanced by
@@ -9,6 +9,11 @@ update the members exchange the new values.
 * ``v0``: gradients are all-reduced as usual; states are partitioned.
 * ``v1``: each member also receives only its own variables' reduced gradients
   (a reduce-scatter of one buffer laid out by owner) instead of all of them.
+* ``v2`` (an EPL extension, beyond the original library): the variables are cut
+  into ``communication.max_splits`` buckets, each balanced over the members on
+  its own (:func:`bucket_owner_devices`); each bucket's gradients are
+  reduce-scattered to their owners as soon as they exist, and the updated values
+  are all-gathered bucket by bucket, each member sending only its own.
 
 It works on any layout (W workers x D devices, pipelines, gradient
 accumulation), because owners are decided per copy when the graph is rewritten
@@ -26,6 +31,7 @@ the rewrite connects to the exchange.
 import collections
 
 from epl import tf_adapter
+from epl.buckets import plan_buckets
 from epl.ir.features import FeatureSlot
 from epl.runtime.zero_error import ZeroError
 from epl.tf_adapter import tf
@@ -68,17 +74,56 @@ def owner_devices(variables, group_of):
     >>> owner_devices([("a", 8), ("b", 4), ("c", 4)], lambda n: ("d0", "d1"))
     {'a': 'd0', 'b': 'd1', 'c': 'd1'}
     """
+    table = {}
+    for devices, members in _by_group(variables, group_of).items():
+        ranks = owners([nbytes for _, nbytes in members], len(devices))
+        for (name, _), rank in zip(members, ranks):
+            table[name] = devices[rank]
+    return table
+
+
+def bucket_owner_devices(variables, group_of, dtypes, max_splits):
+    """ZeRO v2's ({variable name: owner device}, {variable name: bucket number}).
+
+    Each data-parallel group's variables (in the given order, the same on every
+    worker) are cut into at most ``max_splits`` buckets of one dtype
+    (:func:`epl.buckets.plan_buckets`), and each bucket is balanced over the group on
+    its own, largest first, ties to the member least loaded overall. A bucket's
+    reduce-scatter and all-gather pad every member's chunk to the largest member's
+    share of that bucket, so balance within each bucket keeps the padding small;
+    the tie-break spreads buckets of a single variable over the members.
+
+    >>> table, bucket = bucket_owner_devices(
+    ...     [("a", 8), ("b", 8), ("c", 4), ("d", 4)], lambda n: ("d0", "d1"),
+    ...     lambda n: "float32", 2)
+    >>> sorted(table.items()), sorted(bucket.items())
+    ([('a', 'd0'), ('b', 'd1'), ('c', 'd0'), ('d', 'd1')], [('a', 0), ('b', 0), ('c', 1), ('d', 1)])
+    """
+    table, bucket_of = {}, {}
+    for devices, members in _by_group(variables, group_of).items():
+        sizes = [nbytes for _, nbytes in members]
+        total = [0] * len(devices)
+        buckets = plan_buckets(sizes, [dtypes(name) for name, _ in members], max_splits)
+        for number, bucket in enumerate(buckets):
+            load = [0] * len(devices)
+            for index in sorted(bucket, key=lambda i: (-sizes[i], i)):
+                rank = min(range(len(devices)), key=lambda r: (load[r], total[r], r))
+                load[rank] += sizes[index]
+                total[rank] += sizes[index]
+                table[members[index][0]] = devices[rank]
+                bucket_of[members[index][0]] = number
+    return table, bucket_of
+
+
+def _by_group(variables, group_of):
+    """{group's devices: [(name, bytes)]} of the variables owned within a group of
+    more than one device, in the given order."""
     by_group = collections.OrderedDict()
     for name, nbytes in variables:
         devices = group_of(name)
         if devices is not None and len(devices) > 1:
             by_group.setdefault(tuple(devices), []).append((name, nbytes))
-    table = {}
-    for devices, members in by_group.items():
-        ranks = owners([nbytes for _, nbytes in members], len(devices))
-        for (name, _), rank in zip(members, ranks):
-            table[name] = devices[rank]
-    return table
+    return by_group
 
 
 def load_by_device(table, nbytes):

@@ -8,11 +8,12 @@ A copy keeps the optimizer's part of the variables it owns and drops the rest
 variables get an initializer (run with EPL's set-up op), the others are never
 initialized, so they take no memory.
 
-:class:`ZeroSync`: every member gets the updated variables. The new values travel
-as one sum over the data-parallel group: each member contributes its own
-variables' updated values and zeros elsewhere (fused in buckets like
+:class:`ZeroSync`: every member gets the updated variables. Under v0 and v1 the new
+values travel as one sum over the data-parallel group: each member contributes its
+own variables' updated values and zeros elsewhere (fused in buckets like
 gradients), so a step needs one kind of collective and no member can miss
-another's broadcast. A member's zeros wait for its own updates, so on a step
+another's broadcast. Under v2 they are all-gathered in ZeRO's buckets, each member
+sending its own variables plus padding. A member's zeros wait for its own updates, so on a step
 that applies nothing (gradient accumulation, an AMP overflow) no member takes
 part, and every gradient collective joins the barrier the train op waits for,
 because a member whose own variables do not need a bucket must still run it.
@@ -20,17 +21,19 @@ because a member whose own variables do not need a bucket must still run it.
 import collections
 
 from epl import tf_adapter
+from epl.buckets import owner_chunks
 from epl.communicators.reducer import GradientReducer
 from epl.ir.phase import Phase
 from epl.protocols.passes import GRADIENTS, LOWER, SYNC, Pass
-from epl.runtime.zero import build_record, owner_devices
+from epl.runtime.zero import build_record, bucket_owner_devices, owner_devices
 from epl.runtime.zero_error import ZeroError
 from epl.tf_adapter import tf
 
-ZeroPlan = collections.namedtuple("ZeroPlan", ["level", "owner", "slots", "owned"])
+ZeroPlan = collections.namedtuple("ZeroPlan", ["level", "owner", "slots", "owned", "bucket"])
 ZeroPlan.__doc__ = """ZeRO's decisions for this worker: ``owner`` {variable: device} (absent:
-every holder updates it), ``slots`` {slot op name: variable name}, and ``owned[copy]``, the
-variables local copy ``copy`` updates."""
+every holder updates it), ``slots`` {slot op name: variable name}, ``owned[copy]``, the
+variables local copy ``copy`` updates, and ``bucket`` (v2; else empty) {variable: bucket
+number within its group}, shared by the gradients' reduce-scatter and the all-gather."""
 
 
 def _device_key(device):
@@ -50,6 +53,7 @@ class ZeroPartition(Pass):
 
     def run(self, ctx):
         record = build_record(ctx.view)
+        _refuse_v2(record.level, ctx.config.communication)
         graph = ctx.tf_graph
         var_ops = dict((n, graph.get_operation_by_name(n)) for n in record.variables)
 
@@ -58,7 +62,14 @@ class ZeroPartition(Pass):
                 return None  # a shard: every holder updates its own
             return ctx.dp_group(var_ops[name], 0).devices
 
-        owner = owner_devices([(n, record.nbytes[n]) for n in record.variables], group_of)
+        sizes = [(n, record.nbytes[n]) for n in record.variables]
+        bucket = {}
+        if record.level == "v2":
+            owner, bucket = bucket_owner_devices(
+                sizes, group_of, lambda n: tf_adapter.variable_dtype(var_ops[n]).name,
+                ctx.config.communication.max_splits)
+        else:
+            owner = owner_devices(sizes, group_of)
         _check_every_member_owns(owner, record, group_of)
         owned = []
         for copy in range(len(ctx.copies)):
@@ -72,7 +83,29 @@ class ZeroPartition(Pass):
                 if var_name in mine:
                     ctx.state_initializers.append(_initializer(ctx, var, copy, var_ops[var_name]))
         ctx.zero = ZeroPlan(record.level, owner,
-                            dict((s, v) for s, (v, _) in record.slots.items()), tuple(owned))
+                            dict((s, v) for s, (v, _) in record.slots.items()), tuple(owned),
+                            bucket)
+
+
+def _refuse_v2(level, communication):
+    """What ZeRO v2 cannot combine with, named with both keys. ``fp16``: its bucketed
+    reduce-scatter sends the gradients as they are (no float16 wire), and doing so
+    silently would ignore the key. ``clip_after_allreduce``: a member holds only its
+    own variables' reduced gradients, so a global-norm clip would see a different norm
+    on each member."""
+    if level != "v2":
+        return
+    for key in ("fp16", "clip_after_allreduce"):
+        if getattr(communication, key):
+            raise ZeroError("zero.level='v2' with communication.%s=True is not supported: %s"
+                            "; set communication.%s=False or use zero.level='v0'"
+                            % (key, _WHY_NOT[key], key))
+
+
+_WHY_NOT = {
+    "fp16": "the gradients' reduce-scatter has no float16 wire",
+    "clip_after_allreduce": "each device holds only its own variables' reduced gradients, "
+                            "so a clip by their global norm would differ between devices"}
 
 
 def _check_every_member_owns(owner, record, group_of):
@@ -149,8 +182,9 @@ class ZeroSync(Pass):
 
     def run(self, ctx):
         record, plan = build_record(ctx.view), ctx.zero
-        if plan.level == "v1":
+        if plan.level in ("v1", "v2"):
             _agree_on_finite_steps(ctx)
+        exchange = _gather if plan.level == "v2" else _exchange
         collectives = [ctx.tf_graph.get_operation_by_name(name)
                        for comm in ctx.communicators() if comm.name.startswith("grads/")
                        for name in comm.op_names]
@@ -165,12 +199,12 @@ class ZeroSync(Pass):
             # which the others' sums need
             done = list(reductions) + list(ctx.accumulator_stores.get(copy, ()))
             for taskgraph, var_ops in by_taskgraph.items():
-                done += _exchange(ctx, taskgraph, var_ops, copy, reductions)
+                done += exchange(ctx, taskgraph, var_ops, copy, reductions)
             tf_adapter.add_control_inputs(ctx.instance(record.barrier, copy), done)
 
 
 def _agree_on_finite_steps(ctx):
-    """ZeRO v1 with AMP: a member holds the reduced gradients of its own variables only
+    """ZeRO v1/v2 with AMP: a member holds the reduced gradients of its own variables only
     (and its local ones of the others), so its "all finite" check sees other values than
     another member's. Each copy's check becomes a sum of "not finite" over its
     data-parallel group: every member skips a step some member found non-finite. That
@@ -211,6 +245,56 @@ def _exchange(ctx, taskgraph, var_ops, copy, reductions):
             if var_op.name not in owned:
                 assigns.append(tf_adapter.assign_variable(inst, value))
     return assigns + [v.op for v in summed]
+
+
+def _gather(ctx, taskgraph, var_ops, copy, reductions):
+    """ZeRO v2: each owner's new values all-gathered over the TaskGraph's group, bucket
+    by bucket (the buckets of the gradients' reduce-scatter, laid out by owner:
+    :func:`owner_chunks`), so a member sends only its own variables plus padding
+    where an all-reduce would send every variable."""
+    owned = ctx.zero.owned[copy]
+    device = ctx.device(taskgraph, copy)
+    group = ctx.dp_group(var_ops[0], copy)
+    instances = [ctx.instance(var_op, copy) for var_op in var_ops]
+    updates = [op for var_op, inst in zip(var_ops, instances) if var_op.name in owned
+               for op in _owner_update(inst, ctx.view)]
+    buckets = collections.OrderedDict()
+    for index in sorted(range(len(var_ops)), key=lambda i: ctx.zero.bucket[var_ops[i].name]):
+        buckets.setdefault(ctx.zero.bucket[var_ops[index].name], []).append(index)
+    done = []
+    for number, bucket in buckets.items():
+        members = [(var_ops[i].name, instances[i]) for i in bucket]
+        owners = [group.devices.index(ctx.zero.owner[name]) for name, _ in members]
+        done += _gather_bucket(ctx, members, owners, group, device, updates, reductions,
+                               "zero/bucket_%d" % number)
+    return done
+
+
+def _gather_bucket(ctx, members, owners, group, device, updates, reductions, name):
+    """All-gather one bucket of (variable name, instance); non-owners assign the new
+    values. Returns the ops the barrier waits for."""
+    shapes = [tf_adapter.variable_shape(inst) for _, inst in members]
+    sizes = [shape.num_elements() for shape in shapes]
+    chunk, by_owner = owner_chunks(sizes, owners, group.size)
+    rank = group.devices.index(device)
+    with tf.device(device), tf.name_scope("EPL_ZERO"), tf.control_dependencies(updates):
+        parts = [tf.reshape(_contribution(members[i][1], True, device, ctx.view, updates),
+                            [-1]) for i in by_owner[rank]]
+        pad = chunk - sum(sizes[i] for i in by_owner[rank])
+        if pad:
+            parts.append(tf.zeros([pad], tf_adapter.variable_dtype(members[0][1])))
+        buffer = tf.concat(parts, 0)
+    gathered = ctx.communicator(group, SYNC).all_gather(buffer, device, name)
+    done = [gathered.op]
+    with tf.device(device), tf.name_scope("EPL_ZERO"), tf.control_dependencies(reductions):
+        for owner, indices in enumerate(by_owner):
+            offset = owner * chunk
+            for i in indices:
+                if owner != rank:
+                    value = tf.reshape(gathered[offset:offset + sizes[i]], shapes[i])
+                    done.append(tf_adapter.assign_variable(members[i][1], value))
+                offset += sizes[i]
+    return done
 
 
 def _contribution(var_op, owned, device, view, updates):

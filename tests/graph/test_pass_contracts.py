@@ -112,6 +112,9 @@ SCENARIOS = {
     "zero_1x2_accumulation": (lambda tmp: _data_parallel(
         {"zero.level": "v1", "pipeline.num_micro_batch": 2}, "adam"),
         ["zero_partition", "zero_sync", "zero_checkpoints"]),
+    "zero_v2_1x2_accumulation": (lambda tmp: _data_parallel(
+        {"zero.level": "v2", "pipeline.num_micro_batch": 2}, "adam"),
+        ["zero_partition", "zero_sync", "zero_checkpoints"]),
     "io_slicing_worker_0_of_2": (_io_slicing, ["io_slicing"]),
 }
 EVERY_GRAPH = ["classify_roles", "placement", "gradient_aggregation", "merged_outputs",

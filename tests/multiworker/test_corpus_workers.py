@@ -55,16 +55,19 @@ def test_static_batch_is_pulled_per_copy_with_a_warning(caplog):
     assert "cannot split the batch" in caplog.text
 
 
+@pytest.mark.parametrize("level", ["v1", "v2"])
 @pytest.mark.parametrize("model_class", [ResNet, Bert], ids=["resnet", "bert"])
-def test_zero_v1_with_grouped_apply_two_workers(model_class):
-    """ZeRO v1 (states and reduced gradients partitioned) with grouped apply on the
-    batch-norm ResNet and the BERT-style encoder (sparse embedding gradients)."""
-    _check(model_class(), 2, 1, {"zero.level": "v1", "optimizer.num_apply_group": 3})
+def test_zero_v1_with_grouped_apply_two_workers(model_class, level):
+    """ZeRO v1 and v2 (states and reduced gradients partitioned; v2 in buckets) with
+    grouped apply on the batch-norm ResNet and the BERT-style encoder (sparse
+    embedding gradients)."""
+    _check(model_class(), 2, 1, {"zero.level": level, "optimizer.num_apply_group": 3})
 
 
+@pytest.mark.parametrize("level", ["v1", "v2"])
 @pytest.mark.parametrize("model_class", [Bert, OddSizes], ids=["bert", "odd_sizes"])
-def test_zero_on_two_workers_two_devices(model_class):
-    """ZeRO v1 with several devices per worker (before: refused, '2 devices per
+def test_zero_on_two_workers_two_devices(model_class, level):
+    """ZeRO v1 and v2 with several devices per worker (before: refused, '2 devices per
     worker'): owners are devices, each copy updates its own share. (ResNet passes too,
     in 2 minutes, too slow for the suite.)"""
-    _check(model_class(), 2, 2, {"zero.level": "v1"})
+    _check(model_class(), 2, 2, {"zero.level": level})

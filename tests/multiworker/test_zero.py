@@ -103,3 +103,23 @@ def test_zero_refuses_what_it_cannot_partition():
                 sess.run(train)
         return True
     assert run_workers(worker, 1, 2, epl.Config({"zero.level": "v1"})) == [True]
+
+
+@pytest.mark.parametrize("key", ["fp16", "clip_after_allreduce"])
+def test_zero_v2_refuses_what_it_cannot_combine_with_naming_both_keys(key):
+    """v2 hands each member only its own reduced gradients, without a float16 wire:
+    an fp16 reduction would be ignored and a clip of the reduced gradients' global norm
+    would differ between members."""
+    def worker(index):
+        epl.set_default_strategy(epl.replicate(1))
+        x, y = make_data(16)
+        loss = mlp(*dataset_input(x, y, 4), weights=initial_weights())
+        train = tf.train.AdamOptimizer(0.01).minimize(loss)
+        with tf.Session() as sess:
+            with pytest.raises(ValueError) as info:
+                sess.run(tf.global_variables_initializer())
+                sess.run(train)
+        return str(info.value)
+    config = epl.Config({"zero.level": "v2", "communication." + key: True})
+    message = run_workers(worker, 1, 2, config)[0]
+    assert "zero.level='v2'" in message and "communication.%s=True" % key in message

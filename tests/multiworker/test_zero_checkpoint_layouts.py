@@ -44,26 +44,31 @@ def _worst(reference, values):
     return max(float(np.abs(np.asarray(reference[n]) - values[n]).max()) for n in reference)
 
 
+# resumed with ZeRO: v1's checkpoint under v0, v2's under v2 (on the same layout too)
+_OTHER = {"v1": "v0", "v2": "v2"}
+
+
 @pytest.mark.timeout(600)
-def test_zero_checkpoints_on_2x2_hold_every_slot_and_restore_elsewhere(tmp_path):
-    zero = _run(2, 2, {"zero.level": "v1"}, 2, str(tmp_path / "zero" / "ckpt"))
+@pytest.mark.parametrize("level", ["v1", "v2"])
+def test_zero_checkpoints_on_2x2_hold_every_slot_and_restore_elsewhere(tmp_path, level):
+    zero = _run(2, 2, {"zero.level": level}, 2, str(tmp_path / "zero" / "ckpt"))
     plain = _run(2, 2, {}, 2, str(tmp_path / "plain" / "ckpt"))
     saved = _read(zero)
     assert any(name.endswith("/Adam_1") for name in saved)
     worst = _worst(_read(plain), saved)
-    MEASURED.append(("zero v1 2x2 checkpoint vs without ZeRO", worst))
+    MEASURED.append(("zero %s 2x2 checkpoint vs without ZeRO" % level, worst))
     assert worst < 1e-6
     # resume on another layout, with ZeRO and without: one more step, same result
-    for workers, devices in ((1, 2), (1, 1), (2, 1)):
+    for workers, devices in ((1, 2), (1, 1), (2, 1)) + (((2, 2),) if level == "v2" else ()):
         tag = "%dx%d" % (workers, devices)
-        resumed = _read(_run(workers, devices, {"zero.level": "v0"}, 1,
+        resumed = _read(_run(workers, devices, {"zero.level": _OTHER[level]}, 1,
                              str(tmp_path / ("zero_" + tag) / "ckpt"), restore_from=zero))
         reference = _read(_run(workers, devices, {}, 1,
                                str(tmp_path / ("plain_" + tag) / "ckpt"), restore_from=zero))
         worst = _worst(reference, resumed)
-        MEASURED.append(("zero checkpoint resumed on %s" % tag, worst))
+        MEASURED.append(("zero %s checkpoint resumed on %s" % (level, tag), worst))
         assert worst < 1e-6, tag
     # restored and saved again without a step: the owners got every slot back
-    again = _read(_run(1, 2, {"zero.level": "v1"}, 0, str(tmp_path / "again" / "ckpt"),
+    again = _read(_run(1, 2, {"zero.level": level}, 0, str(tmp_path / "again" / "ckpt"),
                        restore_from=zero))
     assert _worst(saved, again) == 0.0

@@ -62,7 +62,8 @@ def _worst(reference, values):
 
 
 @pytest.mark.timeout(600)
-def test_zero_estimator_checkpoints_hold_every_slot_and_restore(tmp_path):
+@pytest.mark.parametrize("level", ["v1", "v2"])
+def test_zero_estimator_checkpoints_hold_every_slot_and_restore(tmp_path, level):
     """Train 3 steps, restart from worker 0's checkpoint for 3 more (ZeRO again, and
     serially without ZeRO): both equal 6 serial steps, slots included."""
     x, y = make_data(WORKERS * BATCH * STEPS * 2)
@@ -74,21 +75,21 @@ def test_zero_estimator_checkpoints_hold_every_slot_and_restore(tmp_path):
     assert any(name.endswith("/adamw_m") for name in reference)
 
     job = str(tmp_path / "zero")
-    _zero_train(job, first[0], first[1], {"zero.level": "v1"})
+    _zero_train(job, first[0], first[1], {"zero.level": level})
     assert not os.path.exists(os.path.join(job, "1")) or not os.listdir(os.path.join(job, "1"))
     after_first = _checkpoint(os.path.join(job, "0"))
     assert sorted(after_first) == sorted(reference)  # every worker's slots, serial names
     shutil.copytree(os.path.join(job, "0"), str(tmp_path / "plain"))
 
-    _zero_train(job, second[0], second[1], {"zero.level": "v1"})
+    _zero_train(job, second[0], second[1], {"zero.level": level})
     resumed = _checkpoint(os.path.join(job, "0"))
     assert resumed["global_step"] == 2 * STEPS
     zero_diff = _worst(reference, resumed)
 
     _serial_train(tmp_path / "plain", *second)  # the ZeRO checkpoint, restored without ZeRO
     plain_diff = _worst(reference, _checkpoint(tmp_path / "plain"))
-    MEASURED.append(("zero checkpoint, resumed under ZeRO", zero_diff))
-    MEASURED.append(("zero checkpoint, resumed without ZeRO", plain_diff))
+    MEASURED.append(("zero %s checkpoint, resumed under ZeRO" % level, zero_diff))
+    MEASURED.append(("zero %s checkpoint, resumed without ZeRO" % level, plain_diff))
     assert zero_diff < TOL and plain_diff < TOL
 
 

@@ -1,5 +1,7 @@
 """ZeRO on every layout (W workers x D devices): the same weights as training without
-ZeRO on the same layout, and each device holding only its own share of the slots."""
+ZeRO on the same layout, and each device holding only its own share of the slots.
+Levels v0, v1 and v2 (v2: bucketed reduce-scatter and all-gather; the MLP's four
+variables make four buckets under the default communication.max_splits=5)."""
 import os
 
 import numpy as np
@@ -63,7 +65,7 @@ def _worst(results, reference):
 LAYOUTS = [(1, 2), (2, 1), (2, 2)]
 
 
-@pytest.mark.parametrize("level", ["v0", "v1"])
+@pytest.mark.parametrize("level", ["v0", "v1", "v2"])
 @pytest.mark.parametrize("workers,devices", LAYOUTS)
 def test_zero_matches_training_without_zero_on_the_same_layout(workers, devices, level):
     """Before: 'zero.level='v1' is not supported here: 2 devices per worker'."""
@@ -83,7 +85,8 @@ def test_zero_matches_training_without_zero_on_the_same_layout(workers, devices,
     assert max(per_device) < sum(per_device)
 
 
-@pytest.mark.parametrize("workers,devices,level", [(1, 2, "v0"), (2, 1, "v1"), (2, 2, "v1")])
+@pytest.mark.parametrize("workers,devices,level", [
+    (1, 2, "v0"), (2, 1, "v1"), (2, 2, "v1"), (1, 2, "v2"), (2, 1, "v2"), (2, 2, "v2")])
 def test_zero_with_gradient_accumulation_matches_without(workers, devices, level):
     """Before the fix: 0.018 apart; a copy that does not update a variable never ran
     its accumulator's write (only the update waited for it), so the sums missed it."""
@@ -97,7 +100,8 @@ def test_zero_with_gradient_accumulation_matches_without(workers, devices, level
     assert [s for _, _, s in zero] == [s for _, _, s in plain]
 
 
-@pytest.mark.parametrize("workers,devices,level", [(1, 4, "v1"), (2, 2, "v0")])
+@pytest.mark.parametrize("workers,devices,level", [
+    (1, 4, "v1"), (2, 2, "v0"), (1, 4, "v2"), (2, 2, "v2")])
 def test_zero_in_a_pipeline_owns_within_each_stage_group(workers, devices, level):
     """Two stages x two replicas: each stage's variables are owned within that stage's
     data-parallel group (before: refused, '2 TaskGraphs')."""
@@ -113,7 +117,7 @@ def test_zero_in_a_pipeline_owns_within_each_stage_group(workers, devices, level
     assert sum(per_device) * 2 == sum(sum(b.values()) for _, b, _ in plain)
 
 
-@pytest.mark.parametrize("level", ["v0", "v1"])
+@pytest.mark.parametrize("level", ["v0", "v1", "v2"])
 def test_zero_with_amp_matches_without_and_skips_together(level):
     """AMP under ZeRO: every copy takes the same decision (v0: on the same all-reduced
     gradients; v1: a sum of each member's "not finite" over the group), so all skip or

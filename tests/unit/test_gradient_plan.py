@@ -68,3 +68,19 @@ def test_shards_are_averaged_over_replicas_and_divided_by_the_shard_count():
                                Config().communication, 2, 1)
     entry = result.entry("w")
     assert entry.divisor == 8 and entry.mean and entry.group is shard_group
+
+
+def test_zero_reduce_scatters_by_owner_in_one_bucket_for_v1_and_zero_buckets_for_v2():
+    infos = [info("w1", 1), info("w2", 2), info("w3", 3), info("emb", 4, sparse=True)]
+    owners = {"w1": 0, "w2": 1, "w3": 0, "emb": 1}
+    config = Config({"communication.max_splits": 2}).communication
+    v1 = gp.plan_gradients(infos, lambda i: TWO, config, owner_of=owners)
+    v2 = gp.plan_gradients(infos, lambda i: TWO, config, owner_of=owners,
+                           bucket_of={"w1": 1, "w2": 0, "w3": 0})
+    for result in (v1, v2):
+        dense = [e for e in result.entries if e.name != "emb"]
+        assert all(e.reduction == gp.REDUCE_SCATTER for e in dense)
+        assert [e.owner for e in dense] == [0, 1, 0]
+        assert result.entry("emb").reduction == gp.ALL_GATHER  # sparse: as without ZeRO
+    assert [v1.entry(n).bucket for n in ("w1", "w2", "w3")] == [0, 0, 0]
+    assert [v2.entry(n).bucket for n in ("w1", "w2", "w3")] == [1, 0, 0]

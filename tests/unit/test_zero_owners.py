@@ -5,7 +5,8 @@ import collections
 from epl.cluster import Cluster
 from epl.config import Config
 from epl.parallel.plan import TaskGraphSpec, make_plan
-from epl.runtime.zero import load_by_device, owner_devices
+from epl.buckets import owner_chunks
+from epl.runtime.zero import bucket_owner_devices, load_by_device, owner_devices
 
 
 def _cluster(workers, devices):
@@ -71,3 +72,42 @@ def test_a_group_of_one_device_or_a_shard_has_no_owner():
     table = owner_devices([("a", 8), ("b", 8), ("shard", 8)],
                           lambda n: None if n == "shard" else ("d0",))
     assert table == {}
+
+
+def test_v2_buckets_are_balanced_each_on_its_own_and_every_device_owns_some():
+    """ZeRO v2: each bucket's reduce-scatter pads every member's chunk to the largest
+    share of that bucket, so each bucket is balanced; 64 devices, 5 buckets."""
+    plan = make_plan(Config(), _cluster(8, 8), [TaskGraphSpec("model", "replicate", 1)])
+    devices = plan.taskgraphs[0].dp_group().devices
+    variables = [(n, b) for n, b, _ in _variables(1, 1200)]
+    table, bucket = bucket_owner_devices(variables, lambda n: devices, lambda n: "float32", 5)
+    assert set(bucket.values()) == set(range(5)) and set(table.values()) == set(devices)
+    nbytes = dict(variables)
+    largest = max(nbytes.values())
+    for number in range(5):
+        names = [n for n, _ in variables if bucket[n] == number]
+        assert names == sorted(names, key=[n for n, _ in variables].index)  # contiguous
+        load = load_by_device(dict((n, table[n]) for n in names), nbytes)
+        chunk, _ = owner_chunks([nbytes[n] for n in names],
+                                [devices.index(table[n]) for n in names], len(devices))
+        assert chunk == max(load.values())
+        assert chunk <= sum(nbytes[n] for n in names) / 64.0 + largest  # greedy bound
+
+
+def test_v2_buckets_of_one_variable_go_to_different_devices():
+    table, bucket = bucket_owner_devices([("a", 8), ("b", 8), ("c", 8)],
+                                         lambda n: ("d0", "d1", "d2"), lambda n: "float32", 3)
+    assert bucket == {"a": 0, "b": 1, "c": 2}
+    assert sorted(table.values()) == ["d0", "d1", "d2"]
+
+
+def test_v2_buckets_never_mix_dtypes():
+    dtypes = {"a": "float32", "b": "float32", "h": "float16"}
+    _, bucket = bucket_owner_devices([("a", 8), ("b", 8), ("h", 4)], lambda n: ("d0", "d1"),
+                                     dtypes.get, 1)
+    assert bucket["a"] == bucket["b"] != bucket["h"]
+
+
+def test_owner_chunks_lay_each_bucket_out_by_owner():
+    chunk, by_owner = owner_chunks([4, 2, 3, 5], [1, 0, 1, 0], 3)
+    assert (chunk, by_owner) == (7, [[1, 3], [0, 2], []])

@@ -22,6 +22,7 @@ Writes: collectives, EPL accumulators, rewired gradient consumers,
 import collections
 
 from epl import tf_adapter
+from epl.buckets import owner_chunks
 from epl.communicators.reducer import GradientReducer
 from epl.communicators.sparse import SparseReducer
 from epl.ir.phase import Phase
@@ -113,14 +114,15 @@ def copy_plan(ctx, items, copy):
         shard = ctx.sharded_variables.get(info.name)
         return group if shard is None else (group, shard.width)
 
-    owner_of = None
-    if ctx.zero is not None and ctx.zero.level == "v1":  # ZeRO's owners, as group ranks
+    owner_of, bucket_of = None, None
+    if ctx.zero is not None and ctx.zero.level in ("v1", "v2"):  # owners, as group ranks
         owner_of = {}
         for name, device in ctx.zero.owner.items():
             group = ctx.dp_group(ctx.tf_graph.get_operation_by_name(name), copy)
             owner_of[name] = group.devices.index(device)
+        bucket_of = ctx.zero.bucket or None
     return gp.plan_gradients(infos, group_of, ctx.config.communication, ctx.num_micro_batch,
-                             steps, owner_of)
+                             steps, owner_of, bucket_of)
 
 
 def _lower(ctx, items, plan, copy, gate):
@@ -261,34 +263,45 @@ def _reduce_dense(ctx, entries, results):
 
 
 def _reduce_scatter(ctx, entries, results):
-    """ZeRO v1: one buffer with one equal-sized chunk per owner (padded); each member
-    keeps its chunk, the reduced gradients of the variables it updates."""
+    """ZeRO v1/v2: one reduce-scatter per bucket of the plan, each buffer laid out by
+    owner (:func:`epl.buckets.owner_chunks`); each member keeps its chunk, the reduced
+    gradients of the variables it updates. Buckets rotate over the group's
+    ``communication.num_communicators`` lanes, as all-reduce buckets do."""
     if not entries:
         return
     group, device = entries[0].group, results[entries[0].name][1]
-    by_owner = [[e for e in entries if e.owner == rank] for rank in range(group.size)]
-    sizes = [[results[e.name][0].value.shape.num_elements() for e in owned]
-             for owned in by_owner]
-    chunk = max(sum(s) for s in sizes)
-    dtype = results[entries[0].name][0].value.dtype
+    comms = _reducer(ctx, group, entries[0].mean).communicators
+    buckets = collections.OrderedDict()
+    for entry in entries:
+        buckets.setdefault(entry.bucket, []).append(entry)
+    for number, members in buckets.items():
+        _scatter_bucket(comms[number % len(comms)], group, device, members, results,
+                        "grads/zero/bucket_%d" % number)
+
+
+def _scatter_bucket(comm, group, device, entries, results, name):
+    """Reduce-scatter one bucket; rewrite ``results`` of this member's own entries."""
+    values = [results[e.name][0].value for e in entries]
+    sizes = [v.shape.num_elements() for v in values]
+    chunk, by_owner = owner_chunks(sizes, [e.owner for e in entries], group.size)
     with tf.device(device), tf.name_scope("EPL_ZERO"):
         parts = []
-        for owned, owned_sizes in zip(by_owner, sizes):
-            parts += [tf.reshape(results[e.name][0].value, [-1]) for e in owned]
-            pad = chunk - sum(owned_sizes)
+        for owned in by_owner:
+            parts += [tf.reshape(values[i], [-1]) for i in owned]
+            pad = chunk - sum(sizes[i] for i in owned)
             if pad:
-                parts.append(tf.zeros([pad], dtype))
+                parts.append(tf.zeros([pad], values[0].dtype))
         buffer = tf.concat(parts, 0)
-    comm = ctx.communicator(group, GRADIENTS)
-    mine = comm.reduce_scatter(buffer, device, "grads/zero_v1", mean=entries[0].mean)
-    rank = group.devices.index(device)
+    mine = comm.reduce_scatter(buffer, device, name, mean=entries[0].mean)
+    own = by_owner[group.devices.index(device)]
+    if not own:
+        return
     with tf.device(device), tf.name_scope("EPL_ZERO"):
-        pieces = tf.split(mine[:sum(sizes[rank])], sizes[rank]) if sizes[rank] else []
-    for entry, piece in zip(by_owner[rank], pieces):
-        local, _ = results[entry.name]
-        shape = local.value.shape
-        with tf.device(device):
-            results[entry.name] = (local._replace(value=tf.reshape(piece, shape)), device)
+        pieces = tf.split(mine[:sum(sizes[i] for i in own)], [sizes[i] for i in own])
+        for i, piece in zip(own, pieces):
+            local = results[entries[i].name][0]
+            results[entries[i].name] = (local._replace(value=tf.reshape(piece, values[i].shape)),
+                                        device)
 
 
 def _reduce_sparse(ctx, entry, local, device):
