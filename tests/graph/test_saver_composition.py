@@ -73,6 +73,7 @@ FP32_SAVERS = {
     # refused on several devices per worker before grouped apply's chaining stopped
     # making later groups' updates shared ("optimizer.num_apply_group=3 is not supported")
     "zero_v1+grouped": _merge({"zero.level": "v1"}, GROUPED),
+    "zero_v2": {"zero.level": "v2"},  # EPL extension: bucketed reduce-scatter, all-gather
 }
 AMP_SAVERS = {
     "amp": AMP,
@@ -83,6 +84,7 @@ AMP_SAVERS = {
     "amp+zero_v0": _merge(AMP, {"zero.level": "v0"}),
     # refused before members agreed on skipping a step ("zero.level='v1' with amp.level")
     "amp+zero_v1": _merge(AMP, {"zero.level": "v1"}),
+    "amp+zero_v2": _merge(AMP, {"zero.level": "v2"}),
 }
 LAYOUTS = {
     # layout: (runner, slices per step of the serial reference, moving statistics compared)
@@ -212,7 +214,8 @@ OVERFLOWS = {
 }
 
 
-@pytest.mark.parametrize("saver", ["grouped", "offload+grouped", "zero_v0+offload", "zero_v1"])
+@pytest.mark.parametrize("saver", ["grouped", "offload+grouped", "zero_v0+offload", "zero_v1",
+                                   "zero_v2"])
 @pytest.mark.parametrize("layout", ["dp_1x2", "pipeline_2x2", "ga_2"])
 def test_overflow_skips_the_step_everywhere_with_other_savers(layout, saver, monkeypatch):
     """An overflow in one replica / micro-batch / accumulation run skips the whole step

@@ -42,6 +42,7 @@ SAVERS = {
     "zero_v1+grouped": _merge({"zero.level": "v1"}, GROUPED),
     "zero_v1+offload": _merge({"zero.level": "v1"}, OFFLOAD),
     "zero_v1+gc": _merge({"zero.level": "v1"}, GC),
+    "zero_v2+grouped": _merge({"zero.level": "v2"}, GROUPED),
     "offload": OFFLOAD,
     "grouped": GROUPED,
     "offload+grouped": _merge(OFFLOAD, GROUPED),
@@ -111,12 +112,13 @@ def _overflow(config, inject):
 
 
 @pytest.mark.parametrize("inject", [0, 1])
-@pytest.mark.parametrize("saver", ["amp", "amp+grouped", "amp+zero_v0", "amp+zero_v1"])
+@pytest.mark.parametrize("saver", ["amp", "amp+grouped", "amp+zero_v0", "amp+zero_v1",
+                                   "amp+zero_v2"])
 def test_overflow_on_one_worker_skips_the_step_on_both(saver, inject):
     """Before, ZeRO v1 with AMP was refused ("zero.level='v1' with amp.level='O1'"): a
     worker checked the reduced gradients of its own variables only."""
     config = {"amp": {}, "amp+grouped": GROUPED, "amp+zero_v0": {"zero.level": "v0"},
-              "amp+zero_v1": {"zero.level": "v1"}}[saver]
+              "amp+zero_v1": {"zero.level": "v1"}, "amp+zero_v2": {"zero.level": "v2"}}[saver]
     states = _overflow(config, inject)
     for name in states[0][0]:
         for run in range(3):
