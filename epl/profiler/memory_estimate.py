@@ -173,12 +173,17 @@ def largest_segment(activations):
     return max([b for s, b in segments.items() if s is not None] or [0])
 
 
-def owned_slot_bytes(variables, members, rank):
-    """Slot bytes ZeRO leaves on member ``rank``: owners chosen exactly as
-    :func:`epl.runtime.zero.owners` chooses them (largest first, least loaded)."""
-    from epl.runtime.zero import owners  # the real table, never a re-derivation
+def owned_slot_bytes(variables, members, rank, max_splits=None):
+    """Slot bytes ZeRO leaves on member ``rank``: owners chosen exactly as ZeRO chooses
+    them (:func:`epl.runtime.zero.owners`; v2, given ``max_splits``, per bucket)."""
+    from epl.runtime.zero import bucket_owner_devices, owners  # the real tables
     trained = [v for v in variables if v.trainable]
     ranks = owners([v.nbytes for v in trained], members)
+    if max_splits is not None:
+        table, _ = bucket_owner_devices([(v.name, v.nbytes) for v in trained],
+                                        lambda name: tuple(range(members)),
+                                        lambda name: "float32", max_splits)
+        ranks = [table[v.name] for v in trained]
     return sum(v.slot_bytes for v, r in zip(trained, ranks) if r == rank)
 
 
@@ -218,7 +223,8 @@ def _copy_estimate(share, plan, config, stage, rank):
     activations = flight * kept + largest_segment(acts)
     slots = share["slots"]
     if config.zero.level and plan.num_replicas > 1:
-        slots = owned_slot_bytes(share["variables"], plan.num_replicas, rank)
+        splits = config.communication.max_splits if config.zero.level == "v2" else None
+        slots = owned_slot_bytes(share["variables"], plan.num_replicas, rank, splits)
     temps = share["apply_temps"] * largest_group_share(share["variables"],
                                                        config.optimizer.num_apply_group)
     grads = share["gradients"]

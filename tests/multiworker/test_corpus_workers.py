@@ -57,7 +57,7 @@ def test_static_batch_is_pulled_per_copy_with_a_warning(caplog):
 
 @pytest.mark.parametrize("level", ["v1", "v2"])
 @pytest.mark.parametrize("model_class", [ResNet, Bert], ids=["resnet", "bert"])
-def test_zero_v1_with_grouped_apply_two_workers(model_class, level):
+def test_zero_with_grouped_apply_two_workers(model_class, level):
     """ZeRO v1 and v2 (states and reduced gradients partitioned; v2 in buckets) with
     grouped apply on the batch-norm ResNet and the BERT-style encoder (sparse
     embedding gradients)."""

@@ -91,6 +91,18 @@ def test_zero_owners_are_zero_modules_table():
         assert me.owned_slot_bytes(variables, 3, rank) == expected
 
 
+def test_zero_v2_owners_are_zero_modules_bucket_table():
+    from epl.runtime.zero import bucket_owner_devices
+    sizes = [1, 1, 1, 1, 4, 4]  # v0/v1 and v2 choose different owners here
+    variables = [Variable("v%d" % i, s, True, 0, i, 2 * s) for i, s in enumerate(sizes)]
+    table, _ = bucket_owner_devices([(v.name, v.nbytes) for v in variables], lambda n: (0, 1),
+                                    lambda n: "float32", 2)
+    for rank in range(2):
+        expected = sum(2 * v.nbytes for v in variables if table[v.name] == rank)
+        assert me.owned_slot_bytes(variables, 2, rank, max_splits=2) == expected
+    assert me.owned_slot_bytes(variables, 2, 0, 2) != me.owned_slot_bytes(variables, 2, 0)
+
+
 def test_offload_moves_weights_slots_and_update_to_the_host():
     config = Config({"offload.level": "v0"})
     estimate = me.estimate(_profile(apply_temps=6 * MB), _plan(config, devices=2), config)
