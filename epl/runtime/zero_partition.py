@@ -19,6 +19,7 @@ part, and every gradient collective joins the barrier the train op waits for,
 because a member whose own variables do not need a bucket must still run it.
 """
 import collections
+import logging
 
 from epl import tf_adapter
 from epl.buckets import owner_chunks
@@ -28,6 +29,8 @@ from epl.protocols.passes import GRADIENTS, LOWER, SYNC, Pass
 from epl.runtime.zero import build_record, bucket_owner_devices, owner_devices
 from epl.runtime.zero_error import ZeroError
 from epl.tf_adapter import tf
+
+LOG = logging.getLogger("epl")
 
 ZeroPlan = collections.namedtuple("ZeroPlan", ["level", "owner", "slots", "owned", "bucket"])
 ZeroPlan.__doc__ = """ZeRO's decisions for this worker: ``owner`` {variable: device} (absent:
@@ -53,7 +56,7 @@ class ZeroPartition(Pass):
 
     def run(self, ctx):
         record = build_record(ctx.view)
-        _refuse_v2(record.level, ctx.config.communication)
+        refuse_what_cannot_combine(record.level, ctx.config.communication)
         graph = ctx.tf_graph
         var_ops = dict((n, graph.get_operation_by_name(n)) for n in record.variables)
 
@@ -87,19 +90,31 @@ class ZeroPartition(Pass):
                             bucket)
 
 
-def _refuse_v2(level, communication):
-    """What ZeRO v2 cannot combine with, named with both keys. ``fp16``: its bucketed
-    reduce-scatter sends the gradients as they are (no float16 wire), and doing so
-    silently would ignore the key. ``clip_after_allreduce``: a member holds only its
-    own variables' reduced gradients, so a global-norm clip would see a different norm
-    on each member."""
-    if level != "v2":
+def refuse_what_cannot_combine(level, communication):
+    """What ZeRO's reduce-scatter cannot combine with, named with both keys.
+
+    ``clip_after_allreduce`` (v1 and v2): a member holds only its own variables'
+    reduced gradients, so a global-norm clip would see a different norm on each
+    member and the copies would leave serial training. ``fp16``: the reduce-scatter
+    sends the gradients as they are (no float16 wire). v2, an EPL extension, refuses
+    it; v1 (the seeds' level, which programs written for the original EPL may combine
+    with ``communication.fp16``) warns once and reduces in the gradients' own type."""
+    if level not in ("v1", "v2"):
         return
-    for key in ("fp16", "clip_after_allreduce"):
+    keys = ("fp16", "clip_after_allreduce") if level == "v2" else ("clip_after_allreduce",)
+    for key in keys:
         if getattr(communication, key):
-            raise ZeroError("zero.level='v2' with communication.%s=True is not supported: %s"
+            raise ZeroError("zero.level=%r with communication.%s=True is not supported: %s"
                             "; set communication.%s=False or use zero.level='v0'"
-                            % (key, _WHY_NOT[key], key))
+                            % (level, key, _WHY_NOT[key], key))
+    if communication.fp16 and not _FP16_WARNED:
+        _FP16_WARNED.append(True)
+        LOG.warning("EPL: zero.level='v1' with communication.fp16=True: %s, so ZeRO's "
+                    "gradients are reduced in their own type (float32), not float16",
+                    _WHY_NOT["fp16"])
+
+
+_FP16_WARNED = []  # the v1 + communication.fp16 warning is given once per process
 
 
 _WHY_NOT = {

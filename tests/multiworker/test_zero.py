@@ -106,11 +106,13 @@ def test_zero_refuses_what_it_cannot_partition():
     assert run_workers(worker, 1, 2, epl.Config({"zero.level": "v1"})) == [True]
 
 
-@pytest.mark.parametrize("key", ["fp16", "clip_after_allreduce"])
-def test_zero_v2_refuses_what_it_cannot_combine_with_naming_both_keys(key):
-    """v2 hands each member only its own reduced gradients, without a float16 wire:
-    an fp16 reduction would be ignored and a clip of the reduced gradients' global norm
-    would differ between members."""
+@pytest.mark.parametrize("level,key", [("v2", "fp16"), ("v2", "clip_after_allreduce"),
+                                       ("v1", "clip_after_allreduce")])
+def test_zero_refuses_what_it_cannot_combine_with_naming_both_keys(level, key):
+    """v1 and v2 hand each member only its own reduced gradients, without a float16
+    wire: a clip of the reduced gradients' global norm would differ between members,
+    and v2 refuses an fp16 reduction it would ignore (v1 warns, see
+    tests/unit/test_zero_owners.py)."""
     def worker(index):
         epl.set_default_strategy(epl.replicate(1))
         x, y = make_data(16)
@@ -123,6 +125,6 @@ def test_zero_v2_refuses_what_it_cannot_combine_with_naming_both_keys(key):
         except ValueError as error:
             return str(error)
         return "trained without an error"
-    config = epl.Config({"zero.level": "v2", "communication." + key: True})
+    config = epl.Config({"zero.level": level, "communication." + key: True})
     message = run_workers(worker, 1, 2, config)[0]
-    assert "zero.level='v2'" in message and "communication.%s=True" % key in message
+    assert "zero.level=%r" % level in message and "communication.%s=True" % key in message

@@ -111,3 +111,29 @@ def test_v2_buckets_never_mix_dtypes():
 def test_owner_chunks_lay_each_bucket_out_by_owner():
     chunk, by_owner = owner_chunks([4, 2, 3, 5], [1, 0, 1, 0], 3)
     assert (chunk, by_owner) == (7, [[1, 3], [0, 2], []])
+
+
+def test_zero_v1_warns_once_that_fp16_does_not_reach_its_reduce_scatter(caplog, monkeypatch):
+    """The seeds' level keeps running with communication.fp16 (programs written for the
+    original EPL may set both) but says, once, that its gradients go in float32; v2
+    refuses (tests/multiworker/test_zero.py), and so do both levels for
+    clip_after_allreduce."""
+    from epl.runtime import zero_partition
+    from epl.runtime.zero_error import ZeroError
+    monkeypatch.setattr(zero_partition, "_FP16_WARNED", [])
+    communication = Config({"communication.fp16": True}).communication
+    with caplog.at_level("WARNING", logger="epl"):
+        zero_partition.refuse_what_cannot_combine("v1", communication)
+        zero_partition.refuse_what_cannot_combine("v1", communication)
+        zero_partition.refuse_what_cannot_combine("v0", communication)
+    said = [r.getMessage() for r in caplog.records if "communication.fp16" in r.getMessage()]
+    assert len(said) == 1 and "zero.level='v1'" in said[0] and "float32" in said[0]
+    for level in ("v1", "v2"):
+        clip = Config({"communication.clip_after_allreduce": True}).communication
+        try:
+            zero_partition.refuse_what_cannot_combine(level, clip)
+        except ZeroError as error:
+            assert "zero.level=%r" % level in str(error)
+            assert "communication.clip_after_allreduce=True" in str(error)
+        else:
+            raise AssertionError("zero.level=%r with clip_after_allreduce was accepted" % level)
