@@ -3,7 +3,8 @@
 # Usage: tools/find_python.sh [VERSION]   (VERSION defaults to 3.7; `make setup-tf2` asks for 3.11)
 # Order: the variable naming an interpreter ($PYTHON for 3.7, $PYTHON311 for 3.11), pythonX.Y on
 # PATH (only if it really runs: pyenv shims can exist without the version being selected), then
-# pyenv's X.Y.z installs.
+# pyenv's X.Y.z installs ($PYENV_ROOT, else $HOME/.pyenv: a bare environment has no shims, may
+# have no PYENV_ROOT and even no HOME).
 set -u
 VERSION="${1:-3.7}"
 MAJOR="${VERSION%%.*}"
@@ -25,7 +26,7 @@ fi
 if command -v "python$VERSION" >/dev/null 2>&1 && works "python$VERSION"; then
   command -v "python$VERSION"; exit 0
 fi
-for root in "${PYENV_ROOT:-}" "$HOME/.pyenv"; do
+for root in "${PYENV_ROOT:-}" "${HOME:+$HOME/.pyenv}"; do
   [ -n "$root" ] || continue
   for cand in "$root"/versions/"$VERSION".*/bin/python; do
     if works "$cand"; then echo "$cand"; exit 0; fi
