@@ -20,7 +20,7 @@ OPS_STAMP := epl/lib/.build-stamp
 setup: $(STAMP) $(OPS_STAMP)
 
 # The C++ op library (csrc/); a failed build is reported and EPL uses TF fallbacks.
-$(OPS_STAMP): $(STAMP) $(wildcard csrc/*/*.cc) tools/build_ops.sh tools/build_nccl_ops.sh
+$(OPS_STAMP): $(STAMP) $(wildcard csrc/*/*.cc csrc/*/*.h) tools/build_ops.sh tools/build_nccl_ops.sh
 	@bash tools/build_ops.sh $(PY)
 	@touch $(OPS_STAMP)
 
@@ -46,7 +46,7 @@ OPS_STAMP_TF2 := epl/lib/tf2/.build-stamp
 
 setup-tf2: $(STAMP_TF2) $(OPS_STAMP_TF2)
 
-$(OPS_STAMP_TF2): $(STAMP_TF2) $(wildcard csrc/*/*.cc) tools/build_ops.sh tools/build_nccl_ops.sh
+$(OPS_STAMP_TF2): $(STAMP_TF2) $(wildcard csrc/*/*.cc csrc/*/*.h) tools/build_ops.sh tools/build_nccl_ops.sh
 	@bash tools/build_ops.sh $(PY_TF2)
 	@touch $(OPS_STAMP_TF2)
 

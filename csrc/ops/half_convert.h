@@ -9,7 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "third_party/eigen3/Eigen/Core"
+// Eigen/Core, not TF's third_party/eigen3 wrapper: TF 2.21 no longer ships the wrapper.
+#include "Eigen/Core"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
