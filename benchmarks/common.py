@@ -241,6 +241,17 @@ def run_command(argv, timeout, extra_env=None, echo=None, log_dir=None, drop_env
                         timed_out)
 
 
+def run_single(argv, timeout, what, extra_env=None, drop_env=()):
+    """Run one plain benchmark process (``run_command``: hard timeout, killed if it
+    overstays) and return its BENCH payload; raise BenchmarkError with the
+    diagnosis (``failure_report``) if it failed, timed out or printed none."""
+    result = run_command(argv, timeout, extra_env=extra_env, drop_env=drop_env)
+    found = parse_bench(result.lines, SINGLE_LINE)
+    if result.timed_out or result.returncode != 0 or 0 not in found:
+        raise BenchmarkError(failure_report(result, what, 1, pattern=SINGLE_LINE))
+    return found[0]
+
+
 def _stop(proc):
     """SIGTERM the launcher (it stops its workers), SIGKILL it after its grace period."""
     try:

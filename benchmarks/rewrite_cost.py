@@ -45,7 +45,6 @@ Writes benchmarks/results/rewrite_cost.{json,md}.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -163,15 +162,8 @@ def run_config(config, mode, steady_steps):
             "--steady-steps", str(steady_steps)]
     if lowering:
         argv += ["--lowering", lowering]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=common.REPO)
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          timeout=TIMEOUT, env=env)
-    lines = proc.stdout.decode(errors="replace").splitlines()
-    payloads = common.parse_bench(lines, common.SINGLE_LINE)
-    if proc.returncode != 0 or not payloads:
-        raise common.BenchmarkError("%s failed (exit %d):\n%s" % (
-            " ".join(argv[2:]), proc.returncode, "\n".join(lines[-30:])))
-    return list(payloads.values())[0]
+    return common.run_single(argv, TIMEOUT, " ".join(argv[2:]),
+                             extra_env={"PYTHONPATH": common.REPO})
 
 
 def best_of(repeats, config, mode, steady_steps):

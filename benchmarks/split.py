@@ -179,14 +179,10 @@ def _child_argv(args, model, layout, devices):
 
 def run_child(args, model, layout, devices):
     argv = _child_argv(args, model, layout, devices)
-    result = common.run_command(argv, args.timeout, extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"},
-                                drop_env=[k for k in os.environ if k.startswith("EPL_")])
-    found = common.parse_bench(result.lines, common.SINGLE_LINE)
-    if result.timed_out or result.returncode != 0 or 0 not in found:
-        raise common.BenchmarkError(common.failure_report(
-            result, "split benchmark %s %s x%d" % (model, layout, devices), 1,
-            pattern=common.SINGLE_LINE))
-    payload = found[0]
+    payload = common.run_single(
+        argv, args.timeout, "split benchmark %s %s x%d" % (model, layout, devices),
+        extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+        drop_env=[k for k in os.environ if k.startswith("EPL_")])
     print("%s %s x%d: %.1f ms/step, %.0f units/s" % (model, layout, devices,
                                                      payload["step_ms"],
                                                      payload["units_per_sec"]), flush=True)

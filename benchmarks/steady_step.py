@@ -22,7 +22,6 @@ Writes benchmarks/results/steady_step.{json,md}.
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -67,16 +66,10 @@ def run_child(args, micro_batches, lowering):
     argv = [sys.executable, os.path.abspath(__file__), "--child",
             "--micro-batches-one", str(micro_batches), "--lowering", lowering,
             "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=common.REPO)
     load = common.load_average()
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          timeout=TIMEOUT, env=env)
-    lines = proc.stdout.decode(errors="replace").splitlines()
-    payloads = common.parse_bench(lines, common.SINGLE_LINE)
-    if proc.returncode != 0 or not payloads:
-        raise common.BenchmarkError("%s failed (exit %d):\n%s" % (
-            " ".join(argv[2:]), proc.returncode, "\n".join(lines[-30:])))
-    return dict(list(payloads.values())[0], load_before=load)
+    payload = common.run_single(argv, TIMEOUT, " ".join(argv[2:]),
+                                extra_env={"PYTHONPATH": common.REPO})
+    return dict(payload, load_before=load)
 
 
 def summary(runs):
