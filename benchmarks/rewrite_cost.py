@@ -285,6 +285,8 @@ def _write(out, payload):
         "- Command: `%s`; %s; EPL git %s; %s, %s CPUs; load average at start %s"
         % (info["command"], info["date"], info["git_revision"], info["cpu_model"],
            info["cpu_count"], info["loadavg_start"]) for info in runs]
+        + ["- Runs listed oldest first; each row comes from the latest run whose sweeps "
+           "include it (`--merge` keeps the rows of sweeps not run again)"]
         + (["- Note: %s" % payload["note"]] if payload.get("note") else []) + [
         "- mid = hidden 384, seq 32, 12 heads, intermediate 1536; base = BERT-base (hidden 768, "
         "seq 64); vocabulary 30522; micro-batch %d, Adam; plain TF runs the same work per step "

@@ -15,11 +15,15 @@ Model: the ``mid`` encoder of ``benchmarks/rewrite_cost.py`` (12 layers, hidden
 CPU devices.
 
     .venv/bin/python benchmarks/steady_step.py [--micro-batches 4,16] [--repeats 3]
-        [--steps 8] [--warmup 2]
+        [--steps 8] [--warmup 2] [--merge]
 
-Writes benchmarks/results/steady_step.{json,md}.
+Writes benchmarks/results/steady_step.{json,md}. ``--merge`` keeps the rows of the
+micro-batch counts not run this time from the JSON already there (an unrolled
+m = 32 process alone takes minutes, so rows are measured in separate runs); each
+row names the run it comes from.
 """
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -83,8 +87,46 @@ def row(micro_batches, result):
     span = lambda s: "%.2f (%.2f-%.2f)" % (s["median"], s["low"], s["high"])
     return [micro_batches, span(functions), span(unrolled),
             "%+.0f%%" % (100.0 * (functions["median"] / unrolled["median"] - 1)),
+            len(result[LOWERINGS[0]]), result["run"] + 1,
             " ".join("%.1f" % run["load_before"][0] for low in LOWERINGS
                      for run in result[low])]
+
+
+def merged(out, results, runs):
+    """``results`` and ``runs`` with the rows of the JSON in ``out`` for the
+    micro-batch counts not in ``results`` (and the runs they come from)."""
+    try:
+        with open(os.path.join(out, "steady_step.json")) as handle:
+            old = json.load(handle)
+    except (OSError, ValueError):
+        return results, runs
+    old_runs = old.get("runs") or [dict(old["environment"], steps=old["steps"],
+                                        warmup=old["warmup"])]
+    kept = dict((int(m), r) for m, r in old["results"].items() if int(m) not in results)
+    used = sorted(set(r.get("run", 0) for r in kept.values()))
+    renumber = dict((index, len(runs) + position) for position, index in enumerate(used))
+    for result in kept.values():
+        result["run"] = renumber[result.get("run", 0)]
+    results = dict(results)
+    results.update(kept)
+    return results, runs + [old_runs[index] for index in used]
+
+
+def markdown(results, runs):
+    lines = ["# Steady step: stage functions vs unrolled copies (mid-12 encoder, 2 stages, "
+             "1 worker x 2 virtual CPU devices)", ""]
+    for index, info in enumerate(runs):
+        lines.append("- Run %d: `%s`; %s; EPL git %s; %s, %s CPUs; each process times %d "
+                     "steps after %d warm-up steps" % (
+                         index + 1, info["command"], info["date"], info["git_revision"],
+                         info["cpu_model"], info["cpu_count"], info["steps"], info["warmup"]))
+    lines += ["- Fresh processes per lowering, alternated; each reports its median step; "
+              "the table gives the median of those medians and their range (s per step)", "",
+              common.markdown_table(
+                  ["micro-batches", "stage functions s", "unrolled s", "functions vs unrolled",
+                   "processes per lowering", "run", "1-min load before each process"],
+                  [row(m, r) for m, r in sorted(results.items())])]
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -99,6 +141,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=common.positive_int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the JSON's rows of micro-batch counts not run this time")
     args = parser.parse_args(argv)
     if args.child:
         args.micro_batches = args.micro_batches_one
@@ -106,29 +150,18 @@ def main(argv=None):
     results = {}
     for micro_batches in args.micro_batches:
         result = results[micro_batches] = dict((low, []) for low in LOWERINGS)
+        result["run"] = 0
         for _ in range(args.repeats):
             for lowering in LOWERINGS:
                 result[lowering].append(run_child(args, micro_batches, lowering))
         print(row(micro_batches, result), flush=True)
-    payload = dict(results=dict((str(m), r) for m, r in results.items()),
-                   repeats=args.repeats, steps=args.steps, warmup=args.warmup,
-                   environment=common.environment_info(sys.argv))
-    info = payload["environment"]
-    markdown = "\n".join([
-        "# Steady step: stage functions vs unrolled copies (mid-12 encoder, 2 stages, "
-        "1 worker x 2 virtual CPU devices)", "",
-        "- Command: `%s`; %s; EPL git %s; %s, %s CPUs" % (
-            info["command"], info["date"], info["git_revision"], info["cpu_model"],
-            info["cpu_count"]),
-        "- %d fresh processes per lowering, alternated; each times %d steps after %d "
-        "warm-up steps and reports its median; the table gives the median of those "
-        "medians and their range (s per step)" % (args.repeats, args.steps, args.warmup), "",
-        common.markdown_table(
-            ["micro-batches", "stage functions s", "unrolled s", "functions vs unrolled",
-             "1-min load before each process"],
-            [row(m, r) for m, r in sorted(results.items())])])
-    common.write_results(args.out, "steady_step", payload, markdown)
-    print(markdown)
+    runs = [dict(common.environment_info(sys.argv), steps=args.steps, warmup=args.warmup)]
+    if args.merge:
+        results, runs = merged(args.out, results, runs)
+    payload = dict(results=dict((str(m), r) for m, r in results.items()), runs=runs)
+    text = markdown(results, runs)
+    common.write_results(args.out, "steady_step", payload, text)
+    print(text)
     return 0
 
 
