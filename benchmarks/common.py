@@ -565,6 +565,16 @@ def markdown_table(headers, rows):
     return "\n".join(out)
 
 
+def read_results(out_dir, name):
+    """The payload :func:`write_results` wrote to ``<out_dir>/<name>.json``, or None
+    if there is none (or it does not parse): what ``--merge`` starts from."""
+    try:
+        with open(os.path.join(out_dir, "%s.json" % name)) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
 def write_results(out_dir, name, payload, markdown):
     """Write ``<out_dir>/<name>.json`` and ``.md``; returns both paths.
 

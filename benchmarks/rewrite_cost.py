@@ -239,10 +239,8 @@ def _key(record):
 def _merged(out, records, runs):
     """Earlier records (of configurations not run now) first, then this run's;
     the list of runs that produced them."""
-    try:
-        with open(os.path.join(out, "rewrite_cost.json")) as handle:
-            old = json.load(handle)
-    except (IOError, ValueError):
+    old = common.read_results(out, "rewrite_cost")
+    if old is None:
         return records, runs
     fresh = set(_key(r) for r in records)
     kept = [r for r in old["records"] if _key(r) not in fresh]

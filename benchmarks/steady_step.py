@@ -23,7 +23,6 @@ m = 32 process alone takes minutes, so rows are measured in separate runs); each
 row names the run it comes from.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -95,10 +94,8 @@ def row(micro_batches, result):
 def merged(out, results, runs):
     """``results`` and ``runs`` with the rows of the JSON in ``out`` for the
     micro-batch counts not in ``results`` (and the runs they come from)."""
-    try:
-        with open(os.path.join(out, "steady_step.json")) as handle:
-            old = json.load(handle)
-    except (OSError, ValueError):
+    old = common.read_results(out, "steady_step")
+    if old is None:
         return results, runs
     old_runs = old.get("runs") or [dict(old["environment"], steps=old["steps"],
                                         warmup=old["warmup"])]

@@ -63,3 +63,8 @@ def test_a_log_without_a_section_is_an_error(tmp_path):
     result = subprocess.run([sys.executable, SCRIPT, str(log)], stderr=subprocess.PIPE,
                             universal_newlines=True, timeout=60)
     assert result.returncode != 0 and "no section" in result.stderr
+
+
+def test_the_script_reads_the_section_the_suite_prints():
+    with open(os.path.join(ROOT, "tests", "conftest.py")) as handle:
+        assert '"%s"' % table.HEADER in handle.read()
