@@ -1,31 +1,40 @@
-"""Steady step of a pipeline: stage functions against unrolled copies, A/B.
+"""Steady step of a pipeline: stage functions against unrolled copies, paired A/B.
 
 Issue 17 asks that calling each stage as a function per micro-batch leaves the
 steady step within 5% of one graph copy per micro-batch (no loop or call
-overhead). A single process's mean of 3 steps is not enough to tell: on a
-shared 2-core VM the same configuration differed by 30% either way between
-processes. So each lowering runs in ``--repeats`` fresh processes, alternated
-(A B A B ...) so that a slow period of the machine hits both, each timing
-``--steps`` steps after ``--warmup`` untimed ones; a process reports its median
-step, and the report gives, per lowering, the median of those medians with
-their range, plus the machine's load before each process.
+overhead). Timing the two lowerings in separate processes one after the other
+cannot tell 5%: on a shared 2-core VM the same configuration's median step
+moved by 10-30% between processes and over minutes. So both lowerings run at
+once as two long-lived processes (built one after the other, so that builds do
+not overlap), and the driver asks them for single steps in turn, in the order
+A B B A A B ...: each step of one lowering has a step of the other right before
+or after it, under the same machine state. The comparison is the median over
+all pairs of (stage-functions step / unrolled step), with its interquartile
+range; ``--repeats`` starts fresh process pairs (a process-level effect, such as
+memory layout, would show as repeats that disagree).
+
+Only one process computes at a time: the other waits on its stdin, so each step
+has the machine to itself, as a user's single job would.
 
 Model: the ``mid`` encoder of ``benchmarks/rewrite_cost.py`` (12 layers, hidden
 384, seq 32, 12 heads, micro-batch 4, Adam), 2 stages on 1 worker x 2 virtual
 CPU devices.
 
-    .venv/bin/python benchmarks/steady_step.py [--micro-batches 4,16] [--repeats 3]
-        [--steps 8] [--warmup 2] [--merge]
+    .venv/bin/python benchmarks/steady_step.py [--micro-batches 4,16,32]
+        [--pairs 12] [--repeats 2] [--warmup 2] [--merge]
 
 Writes benchmarks/results/steady_step.{json,md}. ``--merge`` keeps the rows of the
 micro-batch counts not run this time from the JSON already there (an unrolled
-m = 32 process alone takes minutes, so rows are measured in separate runs); each
-row names the run it comes from.
+m = 32 process alone takes minutes to build, so rows may be measured in separate
+runs); each row names the run it comes from.
 """
 import argparse
 import os
+import queue
 import statistics
+import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,11 +43,14 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 
 LOWERINGS = ("stage_functions", "unrolled")
-TIMEOUT = 1800
+BUILD_TIMEOUT = 1800  # seconds for a process to build its graph and run its first steps
+STEP_TIMEOUT = 300  # seconds for one step
 
 
+# ---- the child: one lowering, one long-lived process -----------------------------
 def child(args):
-    """One process: build, first step, warm-up, timed steps; prints a BENCH line."""
+    """Build, first step, warm-up, then one timed step per line read from stdin
+    (a BENCH line each), until stdin closes."""
     import tensorflow.compat.v1 as tf
     import epl
     import transformer
@@ -57,71 +69,149 @@ def child(args):
         first = time.time() - start
         for _ in range(args.warmup):
             sess.run(train)
-        steps = []
-        for _ in range(args.steps):
+        common.bench_line(dict(ready=True, first_step=first))
+        for _ in sys.stdin:
             start = time.time()
             sess.run(train)
-            steps.append(time.time() - start)
-    common.bench_line(dict(first_step=first, steps=steps, median=statistics.median(steps)))
+            common.bench_line(dict(step=time.time() - start))
 
 
-def run_child(args, micro_batches, lowering):
-    argv = [sys.executable, os.path.abspath(__file__), "--child",
-            "--micro-batches-one", str(micro_batches), "--lowering", lowering,
-            "--steps", str(args.steps), "--warmup", str(args.warmup)]
+class StepServer(object):
+    """A child process of one lowering, driven one step at a time, every wait
+    bounded (a hung or dead child raises BenchmarkError with its last output)."""
+
+    def __init__(self, args, micro_batches, lowering):
+        self.what = "%s m=%d" % (lowering, micro_batches)
+        self.argv = [sys.executable, os.path.abspath(__file__), "--child",
+                     "--micro-batches-one", str(micro_batches), "--lowering", lowering,
+                     "--warmup", str(args.warmup)]
+        env = dict(os.environ, PYTHONPATH=common.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+        self.proc = subprocess.Popen(self.argv, cwd=common.REPO, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     universal_newlines=True, errors="replace")
+        self.lines, self.bench = [], queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.first_step = self._next(BUILD_TIMEOUT)["first_step"]
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.lines.append(line)
+            found = common.parse_bench([line], common.SINGLE_LINE)
+            if found:
+                self.bench.put(found[0])
+        self.bench.put(None)
+
+    def _next(self, timeout):
+        try:
+            payload = self.bench.get(timeout=timeout)
+        except queue.Empty:
+            payload = "timed out after %d s" % timeout
+        if isinstance(payload, dict):
+            return payload
+        self.close()
+        raise common.BenchmarkError("\n".join(
+            ["%s: %s" % (self.what, payload or "exited without a result"),
+             "command: " + common.format_command(self.argv)] + self.lines[-25:]))
+
+    def step(self):
+        """Seconds of one training step."""
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        return self._next(STEP_TIMEOUT)["step"]
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+def paired(args, micro_batches):
+    """One process pair: {lowering: [step s]} for ``args.pairs`` rounds, order A B, B A, ..."""
     load = common.load_average()
-    payload = common.run_single(argv, TIMEOUT, " ".join(argv[2:]),
-                                extra_env={"PYTHONPATH": common.REPO})
-    return dict(payload, load_before=load)
+    servers = []  # (lowering, StepServer)
+    try:
+        for lowering in LOWERINGS:  # one build at a time
+            servers.append((lowering, StepServer(args, micro_batches, lowering)))
+        steps = dict((low, []) for low in LOWERINGS)
+        for round_ in range(args.pairs):
+            for lowering, server in (servers if round_ % 2 == 0 else servers[::-1]):
+                steps[lowering].append(server.step())
+    finally:
+        for _, server in servers:
+            server.close()
+    return dict(steps=steps, load_before=load,
+                first_step=dict((low, server.first_step) for low, server in servers))
 
 
-def summary(runs):
-    """Median of the processes' median steps, and their range."""
-    medians = [run["median"] for run in runs]
-    return dict(median=statistics.median(medians), low=min(medians), high=max(medians))
+# ---- summary and report -----------------------------------------------------------
+def quartiles(values):
+    ordered = sorted(values)
+    return ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]
+
+
+def summary(result):
+    """Median step per lowering, and the median and quartiles of the per-pair
+    ratio stage functions / unrolled, over all process pairs of a row."""
+    ratios, steps = [], dict((low, []) for low in LOWERINGS)
+    for pair in result["pairs"]:
+        functions, unrolled = (pair["steps"][low] for low in LOWERINGS)
+        ratios += [f / u for f, u in zip(functions, unrolled)]
+        for low in LOWERINGS:
+            steps[low] += pair["steps"][low]
+    pair_ratios = [statistics.median(f / u for f, u in zip(*(p["steps"][low] for low in LOWERINGS)))
+                   for p in result["pairs"]]
+    return dict(median=dict((low, statistics.median(s)) for low, s in steps.items()),
+                ratio=statistics.median(ratios), quartiles=quartiles(ratios),
+                pair_ratios=pair_ratios, count=len(ratios))
 
 
 def row(micro_batches, result):
-    functions, unrolled = (summary(result[low]) for low in LOWERINGS)
-    span = lambda s: "%.2f (%.2f-%.2f)" % (s["median"], s["low"], s["high"])
-    return [micro_batches, span(functions), span(unrolled),
-            "%+.0f%%" % (100.0 * (functions["median"] / unrolled["median"] - 1)),
-            len(result[LOWERINGS[0]]), result["run"] + 1,
-            " ".join("%.1f" % run["load_before"][0] for low in LOWERINGS
-                     for run in result[low])]
+    s = summary(result)
+    percent = lambda r: "%+.0f%%" % (round(100.0 * (r - 1)) or 0.0)  # never "-0%"
+    return [micro_batches, "%.2f" % s["median"][LOWERINGS[0]], "%.2f" % s["median"][LOWERINGS[1]],
+            "%s (%s to %s)" % (percent(s["ratio"]), percent(s["quartiles"][0]),
+                               percent(s["quartiles"][1])),
+            " ".join(percent(r) for r in s["pair_ratios"]), s["count"], result["run"] + 1,
+            " ".join("%.1f" % p["load_before"][0] for p in result["pairs"])]
 
 
 def merged(out, results, runs):
     """``results`` and ``runs`` with the rows of the JSON in ``out`` for the
-    micro-batch counts not in ``results`` (and the runs they come from)."""
+    micro-batch counts not in ``results`` (and the runs they come from). Rows of
+    the earlier, unpaired method are dropped: they do not compare."""
     old = common.read_results(out, "steady_step")
     if old is None:
         return results, runs
-    old_runs = old.get("runs") or [dict(old["environment"], steps=old["steps"],
-                                        warmup=old["warmup"])]
-    kept = dict((int(m), r) for m, r in old["results"].items() if int(m) not in results)
-    used = sorted(set(r.get("run", 0) for r in kept.values()))
+    kept = dict((int(m), r) for m, r in old["results"].items()
+                if int(m) not in results and "pairs" in r)
+    used = sorted(set(r["run"] for r in kept.values()))
     renumber = dict((index, len(runs) + position) for position, index in enumerate(used))
     for result in kept.values():
-        result["run"] = renumber[result.get("run", 0)]
+        result["run"] = renumber[result["run"]]
     results = dict(results)
     results.update(kept)
-    return results, runs + [old_runs[index] for index in used]
+    return results, runs + [old["runs"][index] for index in used]
 
 
 def markdown(results, runs):
     lines = ["# Steady step: stage functions vs unrolled copies (mid-12 encoder, 2 stages, "
              "1 worker x 2 virtual CPU devices)", ""]
     for index, info in enumerate(runs):
-        lines.append("- Run %d: `%s`; %s; EPL git %s; %s, %s CPUs; each process times %d "
-                     "steps after %d warm-up steps" % (
-                         index + 1, info["command"], info["date"], info["git_revision"],
-                         info["cpu_model"], info["cpu_count"], info["steps"], info["warmup"]))
-    lines += ["- Fresh processes per lowering, alternated; each reports its median step; "
-              "the table gives the median of those medians and their range (s per step)", "",
+        lines.append("- Run %d: `%s`; %s; EPL git %s; %s, %s CPUs; %d warm-up steps per "
+                     "process" % (index + 1, info["command"], info["date"], info["git_revision"],
+                                  info["cpu_model"], info["cpu_count"], info["warmup"]))
+    lines += ["- Both lowerings alive at once, single steps alternated (A B B A ...); "
+              "ratio = stage-functions step / the unrolled step next to it; the table gives "
+              "each lowering's median step (s), the median ratio with its interquartile "
+              "range, and the median ratio of each process pair", "",
               common.markdown_table(
-                  ["micro-batches", "stage functions s", "unrolled s", "functions vs unrolled",
-                   "processes per lowering", "run", "1-min load before each process"],
+                  ["micro-batches", "stage functions s", "unrolled s",
+                   "functions vs unrolled (IQR)", "per process pair", "pairs of steps", "run",
+                   "1-min load before each process pair"],
                   [row(m, r) for m, r in sorted(results.items())])]
     return "\n".join(lines)
 
@@ -133,9 +223,11 @@ def main(argv=None):
                         help=argparse.SUPPRESS)
     parser.add_argument("--lowering", choices=LOWERINGS, help=argparse.SUPPRESS)
     parser.add_argument("--micro-batches", type=common.csv_list(common.positive_int),
-                        default=[4, 16])
-    parser.add_argument("--repeats", type=common.positive_int, default=3)
-    parser.add_argument("--steps", type=common.positive_int, default=8)
+                        default=[4, 16, 32])
+    parser.add_argument("--pairs", type=common.positive_int, default=12,
+                        help="steps of each lowering per process pair")
+    parser.add_argument("--repeats", type=common.positive_int, default=2,
+                        help="process pairs per micro-batch count")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--merge", action="store_true",
@@ -146,13 +238,10 @@ def main(argv=None):
         return child(args)
     results = {}
     for micro_batches in args.micro_batches:
-        result = results[micro_batches] = dict((low, []) for low in LOWERINGS)
-        result["run"] = 0
-        for _ in range(args.repeats):
-            for lowering in LOWERINGS:
-                result[lowering].append(run_child(args, micro_batches, lowering))
-        print(row(micro_batches, result), flush=True)
-    runs = [dict(common.environment_info(sys.argv), steps=args.steps, warmup=args.warmup)]
+        results[micro_batches] = dict(
+            run=0, pairs=[paired(args, micro_batches) for _ in range(args.repeats)])
+        print(row(micro_batches, results[micro_batches]), flush=True)
+    runs = [dict(common.environment_info(sys.argv), pairs=args.pairs, warmup=args.warmup)]
     if args.merge:
         results, runs = merged(args.out, results, runs)
     payload = dict(results=dict((str(m), r) for m, r in results.items()), runs=runs)

@@ -1,0 +1,51 @@
+"""benchmarks/steady_step.py compares the two pipeline lowerings by pairs of steps
+taken next to each other in time: the ratio of each pair, their median and
+interquartile range, and the median per process pair; ``--merge`` keeps rows of
+other micro-batch counts but drops rows of the earlier unpaired method."""
+import importlib.util
+import json
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "benchmarks", "steady_step.py")
+_SPEC = importlib.util.spec_from_file_location("steady_step", SCRIPT)
+steady = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(steady)
+
+
+def _pair(functions, unrolled, load=1.0):
+    return dict(steps=dict(stage_functions=functions, unrolled=unrolled),
+                load_before=[load, load, load], first_step=dict(stage_functions=1.0, unrolled=2.0))
+
+
+def test_ratios_are_taken_per_pair_of_adjacent_steps():
+    # The unrolled process is twice as slow in the second half (a slow period of the
+    # machine); per-pair ratios stay 1.1 while the medians of the steps would not.
+    result = dict(run=0, pairs=[_pair([1.1, 2.2, 1.1, 2.2], [1.0, 2.0, 1.0, 2.0]),
+                                _pair([3.3, 3.3], [3.0, 3.0])])
+    summary = steady.summary(result)
+    assert abs(summary["ratio"] - 1.1) < 1e-9
+    assert [round(q, 9) for q in summary["quartiles"]] == [1.1, 1.1]
+    assert [round(r, 9) for r in summary["pair_ratios"]] == [1.1, 1.1]
+    assert summary["count"] == 6
+    assert summary["median"] == dict(stage_functions=2.2, unrolled=2.0)
+    row = steady.row(16, result)
+    assert row[0] == 16 and row[3] == "+10% (+10% to +10%)" and row[4] == "+10% +10%"
+
+
+def test_quartiles_of_an_odd_count():
+    assert steady.quartiles([5, 1, 4, 2, 3]) == (2, 4)
+
+
+def test_merge_keeps_paired_rows_of_other_counts_and_drops_unpaired_ones(tmp_path):
+    old_runs = [dict(command="old run a"), dict(command="old run b")]
+    old = dict(runs=old_runs, results={
+        "4": dict(run=0, stage_functions=[dict(median=1.0)], unrolled=[dict(median=1.0)]),
+        "32": dict(run=1, pairs=[_pair([8.0], [7.5])]),
+        "16": dict(run=0, pairs=[_pair([4.0], [4.0])])})
+    (tmp_path / "steady_step.json").write_text(json.dumps(old))
+    new = {16: dict(run=0, pairs=[_pair([3.9], [4.0])])}
+    results, runs = steady.merged(str(tmp_path), new, [dict(command="this run")])
+    assert sorted(results) == [16, 32]
+    assert results[16] is new[16]  # this run's row wins over the JSON's
+    assert results[32]["run"] == 1 and runs == [dict(command="this run"), old_runs[1]]
