@@ -156,14 +156,14 @@ def quartiles(values):
 def summary(result):
     """Median step per lowering, and the median and quartiles of the per-pair
     ratio stage functions / unrolled, over all process pairs of a row."""
-    ratios, steps = [], dict((low, []) for low in LOWERINGS)
+    per_pair, steps = [], dict((low, []) for low in LOWERINGS)
     for pair in result["pairs"]:
         functions, unrolled = (pair["steps"][low] for low in LOWERINGS)
-        ratios += [f / u for f, u in zip(functions, unrolled)]
+        per_pair.append([f / u for f, u in zip(functions, unrolled)])
         for low in LOWERINGS:
             steps[low] += pair["steps"][low]
-    pair_ratios = [statistics.median(f / u for f, u in zip(*(p["steps"][low] for low in LOWERINGS)))
-                   for p in result["pairs"]]
+    ratios = [r for pair in per_pair for r in pair]
+    pair_ratios = [statistics.median(pair) for pair in per_pair]
     return dict(median=dict((low, statistics.median(s)) for low, s in steps.items()),
                 ratio=statistics.median(ratios), quartiles=quartiles(ratios),
                 pair_ratios=pair_ratios, count=len(ratios))

@@ -19,8 +19,8 @@ def _pair(functions, unrolled, load=1.0):
 
 
 def test_ratios_are_taken_per_pair_of_adjacent_steps():
-    # The unrolled process is twice as slow in the second half (a slow period of the
-    # machine); per-pair ratios stay 1.1 while the medians of the steps would not.
+    # Both processes are twice as slow in the second half (a slow period of the
+    # machine): each ratio of adjacent steps stays 1.1, whatever the period.
     result = dict(run=0, pairs=[_pair([1.1, 2.2, 1.1, 2.2], [1.0, 2.0, 1.0, 2.0]),
                                 _pair([3.3, 3.3], [3.0, 3.0])])
     summary = steady.summary(result)
