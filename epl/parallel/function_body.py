@@ -17,7 +17,9 @@ Example::
 
     body = FunctionBody(ops, outputs=[loss, activation], accumulate=[grad])
     fdef = body.function_def("stage1_F")
-    # body.inputs: tensors to pass, in order; results: outputs then accumulators
+    first = body.function_def("stage1_F_first", first=True)  # no acc arguments
+    # body.inputs: tensors to pass, in order (then the accumulators);
+    # results: outputs then sums
 """
 from epl import tf_adapter
 
@@ -29,8 +31,8 @@ class FunctionBody(object):
       ops: the ops of the body, in a topological order (creation order is one).
       outputs: tensors produced by ``ops`` that the function returns.
       accumulate: tensors produced by ``ops``; for each one the function takes one
-        more argument ``acc`` (any shape that broadcasts, e.g. a scalar 0) and
-        returns ``acc + tensor`` after ``outputs``.
+        more argument ``acc`` (any shape that broadcasts) and returns ``acc +
+        tensor`` after ``outputs`` (the ``first`` variant returns ``tensor``).
 
     Attributes:
       inputs: tensors produced outside ``ops`` that the body reads, in argument order
@@ -60,8 +62,13 @@ class FunctionBody(object):
     def num_results(self):
         return len(self.outputs) + len(self.accumulate)
 
-    def function_def(self, name):
-        """The FunctionDef (named ``name``), marked never to be inlined."""
+    def function_def(self, name, first=False):
+        """The FunctionDef (named ``name``), marked never to be inlined.
+
+        ``first``: the variant for the first call of the running sums. It takes no
+        accumulator arguments and returns each accumulated tensor itself, so the
+        first micro-batch does not pay a full-size add to zero per gradient (one
+        add per dense gradient and step)."""
         fdef = tf_adapter.new_function_def(name)
         refs = {}
         for index, tensor in enumerate(self.inputs):
@@ -89,6 +96,10 @@ class FunctionBody(object):
             _arg(fdef.signature.output_arg.add(), "out%d" % index, tensor.dtype)
             fdef.ret["out%d" % index] = refs[tensor.name]
         for index, tensor in enumerate(self.accumulate):
+            if first:
+                _arg(fdef.signature.output_arg.add(), "sum%d" % index, tensor.dtype)
+                fdef.ret["sum%d" % index] = refs[tensor.name]
+                continue
             arg = "acc%d" % index
             _arg(fdef.signature.input_arg.add(), arg, tensor.dtype)
             node = fdef.node_def.add()

@@ -161,6 +161,26 @@ def test_stage_functions_keep_the_graph_size_flat():
     assert per_micro_batch <= 12, sizes  # calls, input pulls, labels: not the model
 
 
+def test_first_micro_batch_starts_the_gradient_sums_without_adds():
+    """Micro-batch 0's backward calls a variant that returns its gradients as the
+    sums (no accumulator arguments, no add to zero); later calls take the sums."""
+    _pipeline(2, 2, 4, steps=1)
+    calls = [op for op in tf.get_default_graph().get_operations()
+             if op.type == "StatefulPartitionedCall" and "_backward" in op.get_attr("f").name]
+    library = dict((f.signature.name, f) for f in
+                   tf.get_default_graph().as_graph_def().library.function)
+    firsts = [c for c in calls if c.get_attr("f").name.endswith("_first")]
+    assert firsts and all(c.name.startswith("EPL_MICRO_BATCH_0/") for c in firsts)
+    for call in calls:
+        body = library[call.get_attr("f").name]
+        adds = [n for n in body.node_def if n.name.startswith("EPL_ACCUMULATE_")]
+        first = call in firsts
+        assert (len(adds) == 0) == first, call.name
+        assert len(call.inputs) == len(body.signature.input_arg)
+    assert not [op for op in tf.get_default_graph().get_operations()
+                if op.name.startswith("EPL_STAGE_FUNCTIONS/zero")]
+
+
 def test_fetching_an_inner_tensor_warns_and_recomputes(caplog):
     x, y, sess, losses = _pipeline(2, 2, 4, steps=1)
     hidden = tf.get_default_graph().get_tensor_by_name("d1/MatMul:0")

@@ -25,6 +25,8 @@ from epl.tf_adapter import tf
 class StageCalls(object):
     """The lowering unit's record: the functions and what each (copy, micro-batch) has.
 
+    ``functions[action]`` is the function of an action; ``firsts[action]`` its
+    variant for micro-batch 0 when it sums gradients (no accumulator arguments).
     ``tensors[(copy, micro_batch)]`` maps a user tensor's name to the result of a
     call (or of a residual op's copy); ``sums[copy]`` maps a dense gradient's name
     to its sum over micro-batches; ``calls[(copy, micro_batch)][action]`` is the
@@ -32,10 +34,11 @@ class StageCalls(object):
     calls replace (never copied for other replicas).
     """
 
-    def __init__(self, partition, bodies, functions):
+    def __init__(self, partition, bodies, functions, firsts):
         self.partition = partition
         self.bodies = bodies
         self.functions = functions
+        self.firsts = firsts
         self.replaced = set(op.name for ops in partition.cores.values() for op in ops)
         self.tensors = {}
         self.sums = {}
@@ -93,7 +96,6 @@ class _CopyBuilder(object):
                 self.stand_in[id(tensor)] = tensor
         self.dead = dict((id(op), action) for action, ops in self.part.cores.items()
                          for op in ops)
-        self._zeros = {}
 
     def build(self):
         ctx = self.ctx
@@ -139,7 +141,10 @@ class _CopyBuilder(object):
         for action in self.part.order:
             body, function = self.unit.bodies[action], self.unit.functions[action]
             inputs = [self._resolve(t, micro_batch) for t in body.inputs]
-            inputs += [self._running_sum(t, micro_batch) for t in body.accumulate]
+            if micro_batch == 0 and body.accumulate:
+                function = self.unit.firsts[action]  # the sums start at the gradients
+            else:
+                inputs += [self._running_sum(t, micro_batch) for t in body.accumulate]
             controls = [self._resolve_op(c, micro_batch) for c in body.outside_controls]
             stage, kind, _ = action
             prefix = REPLICA_PREFIX % copy + "/" if copy else ""
@@ -166,14 +171,7 @@ class _CopyBuilder(object):
                 tensors[_sum_key(tensor)] = result
 
     def _running_sum(self, tensor, micro_batch):
-        if micro_batch:
-            return self.unit.tensors[(self.copy, micro_batch - 1)][_sum_key(tensor)]
-        dtype = tensor.dtype.base_dtype
-        if dtype not in self._zeros:
-            with self.ctx.tf_graph.as_default(), tf.name_scope(None), tf.device(
-                    self.ctx.host):
-                self._zeros[dtype] = tf.zeros([], dtype, name="EPL_STAGE_FUNCTIONS/zero")
-        return self._zeros[dtype]
+        return self.unit.tensors[(self.copy, micro_batch - 1)][_sum_key(tensor)]
 
     def _resolve(self, tensor, micro_batch):
         """The tensor (copy, micro_batch) reads for user tensor ``tensor``."""

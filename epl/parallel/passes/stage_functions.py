@@ -15,7 +15,8 @@ What the calls replace:
     fetch of a user tensor returns micro-batch 0's result (``program.substitutes``);
   * a dense gradient is summed over micro-batches inside the backward function
     (each call takes the running sum and returns it plus its micro-batch's
-    gradient), so the sum costs no op per micro-batch;
+    gradient), so the sum costs no op per micro-batch; micro-batch 0 calls a
+    variant without the sums' arguments (no add to zero);
   * residual ops (see :mod:`epl.parallel.stage_partition`) are copied per
     micro-batch and read the calls' results.
 """
@@ -87,10 +88,12 @@ class StageFunctionBodies(Pass):
         part = partition(stage_ops, lambda op: _action_of(ctx, op),
                          lambda op: _movable(ctx, op, blocked), _chunk_ends(ctx))
         bodies = _bodies(ctx, part, constants)
-        functions = dict(
-            (action, tf_adapter.define_function(ctx.tf_graph, body.function_def(
-                _function_name(ctx, action)))) for action, body in bodies.items())
-        ctx.micro_batching = StageCalls(part, bodies, functions)
+        functions, firsts = {}, {}
+        for action, body in bodies.items():
+            functions[action] = _define(ctx, body, action)
+            if body.accumulate:
+                firsts[action] = _define(ctx, body, action, first=True)
+        ctx.micro_batching = StageCalls(part, bodies, functions, firsts)
         LOG.info("EPL: the step as stage functions: %r", part)
 
 
@@ -259,10 +262,17 @@ def _constant_inputs(ops, constants):
     return sorted(found.values(), key=tf_adapter.op_id)
 
 
-def _function_name(ctx, action):
+def _define(ctx, body, action, first=False):
+    """The function of ``action`` (``first``: its variant for micro-batch 0, see
+    :meth:`FunctionBody.function_def`), added to the graph's library."""
+    name = _function_name(ctx, action, "_first" if first else "")
+    return tf_adapter.define_function(ctx.tf_graph, body.function_def(name, first=first))
+
+
+def _function_name(ctx, action, suffix=""):
     taken = tf_adapter.function_names(ctx.tf_graph)
-    base = "EPL_stage%d_%s" % (action[0], "forward" if action[1] == FORWARD
-                               else "backward%d" % action[2])
+    base = "EPL_stage%d_%s%s" % (action[0], "forward" if action[1] == FORWARD
+                                 else "backward%d" % action[2], suffix)
     name, index = base, 1
     while name in taken:
         name, index = "%s_%d" % (base, index), index + 1
