@@ -17,7 +17,7 @@ Example::
 
     body = FunctionBody(ops, outputs=[loss, activation], accumulate=[grad])
     fdef = body.function_def("stage1_F")
-    first = body.function_def("stage1_F_first", first=True)  # no acc arguments
+    first = first_call_variant(fdef, "stage1_F_first")  # no acc arguments
     # body.inputs: tensors to pass, in order (then the accumulators);
     # results: outputs then sums
 """
@@ -62,13 +62,9 @@ class FunctionBody(object):
     def num_results(self):
         return len(self.outputs) + len(self.accumulate)
 
-    def function_def(self, name, first=False):
-        """The FunctionDef (named ``name``), marked never to be inlined.
-
-        ``first``: the variant for the first call of the running sums. It takes no
-        accumulator arguments and returns each accumulated tensor itself, so the
-        first micro-batch does not pay a full-size add to zero per gradient (one
-        add per dense gradient and step)."""
+    def function_def(self, name):
+        """The FunctionDef (named ``name``); :func:`first_call_variant` derives
+        the variant without accumulators from it."""
         fdef = tf_adapter.new_function_def(name)
         refs = {}
         for index, tensor in enumerate(self.inputs):
@@ -96,10 +92,6 @@ class FunctionBody(object):
             _arg(fdef.signature.output_arg.add(), "out%d" % index, tensor.dtype)
             fdef.ret["out%d" % index] = refs[tensor.name]
         for index, tensor in enumerate(self.accumulate):
-            if first:
-                _arg(fdef.signature.output_arg.add(), "sum%d" % index, tensor.dtype)
-                fdef.ret["sum%d" % index] = refs[tensor.name]
-                continue
             arg = "acc%d" % index
             _arg(fdef.signature.input_arg.add(), arg, tensor.dtype)
             node = fdef.node_def.add()
@@ -107,10 +99,44 @@ class FunctionBody(object):
             node.op = "AddV2"
             node.attr["T"].type = tensor.dtype.base_dtype.as_datatype_enum
             node.input.extend([arg, refs[tensor.name]])
-            _arg(fdef.signature.output_arg.add(), "sum%d" % index, tensor.dtype)
-            fdef.ret["sum%d" % index] = "%s:z:0" % node.name
+            _arg(fdef.signature.output_arg.add(), "%s%d" % (_SUM, index), tensor.dtype)
+            fdef.ret["%s%d" % (_SUM, index)] = "%s:z:0" % node.name
         fdef.signature.is_stateful = stateful
         return fdef
+
+
+def first_call_variant(fdef, name):
+    """A copy of ``fdef`` (a :meth:`FunctionBody.function_def` with accumulators)
+    for the first call of the running sums, named ``name``: it takes no
+    accumulator arguments and returns each accumulated tensor itself, so the first
+    micro-batch does not pay a full-size add to zero per gradient (one add per
+    dense gradient and step). Derived from the built proto rather than by walking
+    the graph's ops again: a backward body holds thousands of nodes."""
+    first = tf_adapter.new_function_def(name)
+    first.CopyFrom(fdef)
+    first.signature.name = name
+    adds = {}
+    for key in list(first.ret):
+        if key.startswith(_SUM):
+            adds[first.ret[key].split(":")[0]] = key
+    accumulators = set()
+    for node in first.node_def:
+        if node.name in adds:
+            accumulators.add(node.input[0])
+            first.ret[adds[node.name]] = node.input[1]
+    _keep(first.node_def, lambda node: node.name not in adds)
+    _keep(first.signature.input_arg, lambda arg: arg.name not in accumulators)
+    return first
+
+
+_SUM = "sum"
+
+
+def _keep(repeated, wanted):
+    """Keep the items of a repeated proto field for which ``wanted`` is true
+    (deleted in place, last first: the items to drop are few and at the end)."""
+    for index in reversed([i for i, item in enumerate(repeated) if not wanted(item)]):
+        del repeated[index]
 
 
 def _arg(arg, name, dtype):

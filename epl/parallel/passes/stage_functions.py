@@ -25,7 +25,7 @@ import logging
 from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.ir.traverse import CONTROL_FLOW_TYPES, ancestor_ops
-from epl.parallel.function_body import FunctionBody
+from epl.parallel.function_body import FunctionBody, first_call_variant
 from epl.parallel.passes import REPLICATE, Pass
 from epl.parallel.passes.gradients import training_items
 from epl.parallel.passes.micro_batches import constant_expressions, micro_batch_candidates
@@ -90,9 +90,11 @@ class StageFunctionBodies(Pass):
         bodies = _bodies(ctx, part, constants)
         functions, firsts = {}, {}
         for action, body in bodies.items():
-            functions[action] = _define(ctx, body, action)
+            fdef = body.function_def(_function_name(ctx, action))
+            functions[action] = tf_adapter.define_function(ctx.tf_graph, fdef)
             if body.accumulate:
-                firsts[action] = _define(ctx, body, action, first=True)
+                first = first_call_variant(fdef, _function_name(ctx, action, "_first"))
+                firsts[action] = tf_adapter.define_function(ctx.tf_graph, first)
         ctx.micro_batching = StageCalls(part, bodies, functions, firsts)
         LOG.info("EPL: the step as stage functions: %r", part)
 
@@ -260,13 +262,6 @@ def _constant_inputs(ops, constants):
         found[op.name] = op
         stack.extend(t.op for t in op.inputs)
     return sorted(found.values(), key=tf_adapter.op_id)
-
-
-def _define(ctx, body, action, first=False):
-    """The function of ``action`` (``first``: its variant for micro-batch 0, see
-    :meth:`FunctionBody.function_def`), added to the graph's library."""
-    name = _function_name(ctx, action, "_first" if first else "")
-    return tf_adapter.define_function(ctx.tf_graph, body.function_def(name, first=first))
 
 
 def _function_name(ctx, action, suffix=""):

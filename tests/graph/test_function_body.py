@@ -1,0 +1,38 @@
+"""FunctionBody: a function made of a graph's ops, and its first-call variant."""
+import numpy as np
+
+from epl import tf_adapter
+from epl.parallel.function_body import FunctionBody, first_call_variant
+from epl.tf_adapter import tf
+
+
+def _body():
+    """y = x * 3 and g = y + x, built from ops that exist in the graph."""
+    x = tf.placeholder(tf.float32, [2], name="x")
+    before = set(op.name for op in tf.get_default_graph().get_operations())
+    y = tf.multiply(x, 3.0, name="y")
+    g = tf.add(y, x, name="g")
+    ops = [op for op in tf.get_default_graph().get_operations() if op.name not in before]
+    return x, FunctionBody(ops, outputs=[y], accumulate=[g])
+
+
+def test_first_call_variant_returns_the_accumulated_tensor_itself():
+    x, body = _body()
+    graph = tf.get_default_graph()
+    fdef = body.function_def("body_sum")
+    first = first_call_variant(fdef, "body_first")
+    assert [a.name for a in first.signature.input_arg] == ["in0"]
+    assert [a.name for a in fdef.signature.input_arg] == ["in0", "acc0"]
+    assert not [n for n in first.node_def if n.name.startswith("EPL_ACCUMULATE_")]
+    assert len(first.node_def) == len(fdef.node_def) - 1
+    assert fdef.signature.name == "body_sum"  # the source is left as it was
+    summing = tf_adapter.define_function(graph, fdef)
+    starting = tf_adapter.define_function(graph, first)
+    _, (y0, sum0) = tf_adapter.call_function(starting, [x], "first", "/cpu:0")
+    _, (y1, sum1) = tf_adapter.call_function(summing, [x, sum0], "second", "/cpu:0")
+    with tf.Session() as sess:
+        values = sess.run([y0, sum0, y1, sum1], {x: np.array([1.0, 2.0], np.float32)})
+    np.testing.assert_allclose(values[0], [3.0, 6.0])
+    np.testing.assert_allclose(values[1], [4.0, 8.0])  # g, not 0 + g
+    np.testing.assert_allclose(values[2], [3.0, 6.0])
+    np.testing.assert_allclose(values[3], [8.0, 16.0])  # sum0 + g
