@@ -551,6 +551,7 @@ def assign_any_shape(var_op, value):
 from tensorflow.core.framework import function_pb2 as _function_pb2  # noqa: E402
 from tensorflow.core.framework import attr_value_pb2 as _attr_value_pb2  # noqa: E402
 from tensorflow.core.framework import node_def_pb2 as _node_def_pb2  # noqa: E402
+from tensorflow.core.framework import tensor_shape_pb2 as _tensor_shape_pb2  # noqa: E402
 from tensorflow.python.framework import function as _function  # noqa: E402
 from tensorflow.python.util import function_utils as _function_utils  # noqa: E402
 
@@ -675,17 +676,73 @@ from tensorflow.python.framework import function_def_to_graph as _fdef_to_graph 
 CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
 
 
-def called_function_body(call_op):
+def called_function_body(call_op, known_shapes=None):
     """The body of the function ``call_op`` calls, as a graph whose inputs are
     placeholders shaped like the call's inputs (nested calls find their functions:
-    the caller's library is copied along)."""
+    the caller's library is copied along). Saved-tensor reads become placeholders
+    shaped as ``known_shapes`` ({tensor name: TensorShape}, from the bodies that
+    wrote them) or as recorded when the body was built."""
     graph = call_op.graph
     name = call_op.get_attr("f").name
-    fdef = graph._get_function(name).definition  # pylint: disable=protected-access
+    fdef = _shaped_reads(graph._get_function(name).definition,  # pylint: disable=protected-access
+                         known_shapes or {})
     with graph.as_default():
         return _fdef_to_graph.function_def_to_graph(
             fdef, input_shapes=[t.shape for t in call_op.inputs],
             **_impl.FUNCTION_BODY_OPTIONS)
+
+
+def constant_on(value, name, device):
+    """An int32 constant ``value`` on ``device``."""
+    with tf.device(device):
+        return tf.constant(value, tf.int32, name=name)
+
+
+def step_tensor_array(dtype, size, name, device):
+    """(handle, flow) of a new TensorArray of ``size`` (an int32 tensor) elements of
+    ``dtype`` (any shapes) on ``device`` that clears each element when it is read;
+    it lives in the step's resource container, so it is gone at the end of the step."""
+    with tf.device(device):
+        handle, flow = tf.raw_ops.TensorArrayV3(
+            size=size, dtype=dtype,
+            dynamic_size=False, clear_after_read=True, identical_element_shapes=False,
+            name=name)
+    return handle, flow
+
+
+SAVED_TENSOR_ATTR = "_epl_saved_tensor"  # on a saved-tensor read: the tensor's name
+
+
+def _shaped_reads(fdef, known_shapes):
+    """``fdef`` with each TensorArray read that records its shape (``_output_shapes``,
+    EPL's saved activations) replaced by a placeholder of that shape: TF infers no
+    shape through a TensorArray handle that is an argument, and the profiler
+    needs the shapes, not the values."""
+    if not any(n.op == "TensorArrayReadV3" and "_output_shapes" in n.attr
+               for n in fdef.node_def):
+        return fdef
+    shaped = _function_pb2.FunctionDef()
+    shaped.CopyFrom(fdef)
+    renamed = {}
+    for node in shaped.node_def:
+        if node.op == "TensorArrayReadV3" and "_output_shapes" in node.attr:
+            shape = _tensor_shape_pb2.TensorShapeProto()  # a copy: clear() frees the attr's
+            shape.CopyFrom(node.attr["_output_shapes"].list.shape[0])
+            known = known_shapes.get(node.attr[SAVED_TENSOR_ATTR].s.decode())
+            if known is not None:
+                shape.CopyFrom(known.as_proto())
+            dtype = node.attr["dtype"].type
+            node.op = "Placeholder"
+            del node.input[:]
+            node.attr.clear()
+            node.attr["dtype"].type = dtype
+            node.attr["shape"].shape.CopyFrom(shape)
+            renamed["%s:value:0" % node.name] = "%s:output:0" % node.name
+    for node in shaped.node_def:
+        node.input[:] = [renamed.get(ref, ref) for ref in node.input]
+    for key in list(shaped.ret):
+        shaped.ret[key] = renamed.get(shaped.ret[key], shaped.ret[key])
+    return shaped
 
 
 def called_node_names(call_op):

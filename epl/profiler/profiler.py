@@ -217,15 +217,20 @@ def _called_flops(graph, names=None):
     ``{name: (device, type)}`` (an inner op without a device runs on its call's) and
     the inner names whose shapes stayed unknown. ``names`` restricts the calls.
     A pipeline calls each function once per micro-batch with the same shapes, so each
-    (function, input shapes) body is built and profiled once."""
+    (function, input shapes) body is built and profiled once; calls come in creation
+    order, a stage's forward before its backward, which takes the shapes of the
+    activations it reads from the forward's body."""
     values, places, unknown = {}, {}, []
-    bodies = {}
+    bodies, known = {}, {}  # known: shapes of the tensors forward bodies save for backward ones
     for call in graph.get_operations():
         if call.type not in tf_adapter.CALL_OPS or (names is not None and call.name not in names):
             continue
         key = (call.get_attr("f").name, tuple(str(t.shape) for t in call.inputs))
         if key not in bodies:
-            bodies[key] = _body_flops(tf_adapter.called_function_body(call))
+            body = tf_adapter.called_function_body(call, known)
+            known.update((t.name, t.shape) for op in body.get_operations()
+                         for t in op.outputs if t.shape.is_fully_defined())
+            bodies[key] = _body_flops(body)
         inner_values, inner_places, inner_unknown = bodies[key]
         for name, value in inner_values.items():
             device, op_type = inner_places[name]

@@ -36,3 +36,30 @@ def test_first_call_variant_returns_the_accumulated_tensor_itself():
     np.testing.assert_allclose(values[1], [4.0, 8.0])  # g, not 0 + g
     np.testing.assert_allclose(values[2], [3.0, 6.0])
     np.testing.assert_allclose(values[3], [8.0, 16.0])  # sum0 + g
+
+
+def test_sum_only_outputs_come_from_the_first_call_alone():
+    """A gradient that only its update reads besides its sum: the summing calls do
+    not return it (so their add may reuse its buffer), the first call returns it
+    after the sums."""
+    x = tf.placeholder(tf.float32, [2], name="x")
+    before = set(op.name for op in tf.get_default_graph().get_operations())
+    g = tf.multiply(x, 3.0, name="g")
+    ops = [op for op in tf.get_default_graph().get_operations() if op.name not in before]
+    body = FunctionBody(ops, outputs=[g], accumulate=[g], sum_only=[g.name])
+    assert body.results() == [("sum", g)]
+    assert body.results(first=True) == [("sum", g), ("out", g)]
+    fdef = body.function_def("sums")
+    first = first_call_variant(fdef, "sums_first", body.returned_sums())
+    assert [a.name for a in fdef.signature.output_arg] == ["sum0"]
+    assert [a.name for a in first.signature.output_arg] == ["sum0", "first_out0"]
+    graph = tf.get_default_graph()
+    starting = tf_adapter.define_function(graph, first)
+    summing = tf_adapter.define_function(graph, fdef)
+    _, (sum0, out0) = tf_adapter.call_function(starting, [x], "first", "/cpu:0")
+    _, (sum1,) = tf_adapter.call_function(summing, [x, sum0], "second", "/cpu:0")
+    with tf.Session() as sess:
+        values = sess.run([sum0, out0, sum1], {x: np.array([1.0, 2.0], np.float32)})
+    np.testing.assert_allclose(values[0], [3.0, 6.0])
+    np.testing.assert_allclose(values[1], [3.0, 6.0])
+    np.testing.assert_allclose(values[2], [6.0, 12.0])

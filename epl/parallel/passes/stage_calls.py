@@ -40,11 +40,16 @@ class StageCalls(object):
         self.functions = functions
         self.firsts = firsts
         self.replaced = set(op.name for ops in partition.cores.values() for op in ops)
+        self.sum_only = set(name for body in bodies.values() for name in body.sum_only)
         self.tensors = {}
         self.sums = {}
         self.calls = {}
 
     def tensor(self, tensor, copy, micro_batch):
+        if micro_batch and tensor.name in self.sum_only:
+            raise RuntimeError("EPL internal error: %s is summed inside the backward "
+                               "functions; only micro-batch 0's calls return it"
+                               % tensor.name)
         return self.tensors.get((copy, micro_batch), {}).get(tensor.name)
 
     def accumulated(self, tensor, copy):
@@ -86,6 +91,7 @@ class _CopyBuilder(object):
         self.part = unit.partition
         self.residual = set(self.part.residual)
         self.clones = {}   # micro-batch -> CloneResult of the copy's residual ops
+        self.array_sizes = {}  # (stage, dtype) -> size of the saved-tensor arrays
         skipped = ctx.skipped_ops(copy, 0)
         self.own_residual = [ctx.instance(op, copy) for op in self.part.residual
                              if op.name not in skipped]
@@ -138,9 +144,14 @@ class _CopyBuilder(object):
         ctx, copy = self.ctx, self.copy
         tensors = self.unit.tensors.setdefault((copy, micro_batch), {})
         calls = self.unit.calls.setdefault((copy, micro_batch), {})
+        arrays = {}  # (stage, dtype) -> [handle, flow] of this micro-batch's saved tensors
         for action in self.part.order:
             body, function = self.unit.bodies[action], self.unit.functions[action]
             inputs = [self._resolve(t, micro_batch) for t in body.inputs]
+            if body.writes:
+                self._new_arrays(arrays, body, action, micro_batch)
+            for dtype in body.arrays:
+                inputs += arrays[(action[0], dtype)]
             if micro_batch == 0 and body.accumulate:
                 function = self.unit.firsts[action]  # the sums start at the gradients
             else:
@@ -156,19 +167,42 @@ class _CopyBuilder(object):
             phase = Phase.FORWARD if kind == FORWARD else Phase.BACKWARD
             ctx.view.record_clone(call, OpInfo(stage, phase), copy, micro_batch, None)
             calls[action] = call
-            # Static shapes (a C call each, tens of thousands at m = 32) only where
-            # something reads them: micro-batch 0's results replace user tensors;
-            # the last sums feed gradient fusion.
-            if micro_batch == 0:
-                for tensor, result in zip(body.outputs, results):
-                    result.set_shape(tensor.shape)
-            if micro_batch == ctx.num_micro_batch - 1:
-                for tensor, result in zip(body.accumulate, results[len(body.outputs):]):
-                    result.set_shape(tensor.shape)
-            for tensor, result in zip(body.outputs, results):
-                tensors[tensor.name] = result
-            for tensor, result in zip(body.accumulate, results[len(body.outputs):]):
-                tensors[_sum_key(tensor)] = result
+            layout = body.results(first=micro_batch == 0 and bool(body.accumulate))
+            if len(layout) != len(results):
+                raise RuntimeError("EPL internal error: %s returns %d results, expected %d"
+                                   % (function.name, len(results), len(layout)))
+            for (role, key), result in zip(layout, results):
+                if role == "flow":
+                    arrays[(stage, key)][1] = result
+                    continue
+                # Static shapes (a C call each, tens of thousands at m = 32) only where
+                # something reads them: micro-batch 0's results replace user tensors;
+                # the last sums feed gradient fusion.
+                if role == "out":
+                    tensors[key.name] = result
+                    shaped = micro_batch == 0
+                else:
+                    tensors[_sum_key(key)] = result
+                    shaped = micro_batch == ctx.num_micro_batch - 1
+                if shaped:
+                    result.set_shape(key.shape)
+
+    def _new_arrays(self, arrays, body, action, micro_batch):
+        """This micro-batch's TensorArrays of the saved tensors ``body`` writes, one per
+        dtype, on the stage's device (the backward calls read and clear them)."""
+        ctx, stage = self.ctx, action[0]
+        prefix = REPLICA_PREFIX % self.copy + "/" if self.copy else ""
+        for dtype in body.flows:
+            name = "EPL_SAVED_%d_%s" % (stage, dtype.name)
+            with ctx.tf_graph.as_default(), tf.name_scope(None):
+                if (stage, dtype) not in self.array_sizes:  # one constant for all micro-batches
+                    self.array_sizes[(stage, dtype)] = tf_adapter.constant_on(
+                        sum(1 for t, _ in body.writes if t.dtype.base_dtype == dtype),
+                        prefix + name + "/size", ctx.device(stage, self.copy))
+                arrays[(stage, dtype)] = list(tf_adapter.step_tensor_array(
+                    dtype, self.array_sizes[(stage, dtype)],
+                    "%s%s/%s" % (prefix, MICRO_BATCH_PREFIX % micro_batch, name),
+                    ctx.device(stage, self.copy)))
 
     def _running_sum(self, tensor, micro_batch):
         return self.unit.tensors[(self.copy, micro_batch - 1)][_sum_key(tensor)]

@@ -93,7 +93,8 @@ class StageFunctionBodies(Pass):
             fdef = body.function_def(_function_name(ctx, action))
             functions[action] = tf_adapter.define_function(ctx.tf_graph, fdef)
             if body.accumulate:
-                first = first_call_variant(fdef, _function_name(ctx, action, "_first"))
+                first = first_call_variant(fdef, _function_name(ctx, action, "_first"),
+                                           body.returned_sums())
                 firsts[action] = tf_adapter.define_function(ctx.tf_graph, first)
         ctx.micro_batching = StageCalls(part, bodies, functions, firsts)
         LOG.info("EPL: the step as stage functions: %r", part)
@@ -205,24 +206,58 @@ def _downstream_of_gradients(ctx, ops):
 
 # ---- function bodies --------------------------------------------------------------
 def _bodies(ctx, part, constants):
-    """{action: FunctionBody} with the results others read and the gradient sums."""
+    """{action: FunctionBody} with the results others read, the gradient sums and the
+    activations a stage's forward saves for its backward (see ``_saved``)."""
     cores = part.cores
     member = dict((op.name, action) for action, ops in cores.items() for op in ops)
     wanted = _wanted_tensors(ctx)
     sums = _summed_gradients(ctx)
+    writes, reads = _saved(cores, member, wanted)
+    residual = set(op.name for op in part.residual)
     bodies = {}
     for action, ops in cores.items():
+        saved = set(t.name for t, _ in writes.get(action, ()))
         outputs, accumulate = [], []
         for op in ops:
             for tensor in op.outputs:
                 if tensor.name in sums:
                     accumulate.append(tensor)
+                if tensor.name in saved:
+                    continue
                 if tensor.name in wanted or any(member.get(c.name) != action
                                                 for c in tensor.consumers()):
                     outputs.append(tensor)
         copied = _constant_inputs(ops, constants)
-        bodies[action] = FunctionBody(copied + ops, outputs, accumulate)
+        sum_only = [t.name for t in accumulate
+                    if not any(c.name in member or c.name in residual for c in t.consumers())]
+        bodies[action] = FunctionBody(copied + ops, outputs, accumulate,
+                                      writes.get(action, ()), reads.get(action, ()), sum_only)
     return bodies
+
+
+def _saved(cores, member, wanted):
+    """({forward action: [(tensor, slot)]}, {backward action: [(tensor, slot)]}): the
+    floating-point tensors a stage's forward hands only to its own backward
+    functions, which pass through a TensorArray per stage, dtype and micro-batch
+    (see :class:`FunctionBody`), one slot per reading function (a read clears
+    its slot). Tensors anything else reads stay results of the call."""
+    writes, reads, slots = {}, {}, {}
+    for action, ops in cores.items():
+        if action[1] != FORWARD:
+            continue
+        for op in ops:
+            for tensor in op.outputs:
+                readers = set(member.get(c.name) for c in tensor.consumers()) - {action}
+                if (not readers or tensor.name in wanted or not tensor.dtype.is_floating
+                        or any(r is None or r[0] != action[0] or r[1] != BACKWARD
+                               for r in readers)):
+                    continue
+                for reader in sorted(readers):
+                    key = (action[0], tensor.dtype.base_dtype)
+                    slot = slots[key] = slots.get(key, -1) + 1
+                    writes.setdefault(action, []).append((tensor, slot))
+                    reads.setdefault(reader, []).append((tensor, slot))
+    return writes, reads
 
 
 def _wanted_tensors(ctx):
