@@ -18,8 +18,8 @@ Example::
     body = FunctionBody(ops, outputs=[loss, activation], accumulate=[grad])
     fdef = body.function_def("stage1_F")
     first = first_call_variant(fdef, "stage1_F_first")  # no acc arguments
-    # body.inputs: tensors to pass, in order (then the accumulators);
-    # results: outputs then sums
+    # body.inputs: tensors to pass, in order (then the arrays, then the accumulators);
+    # results: body.results() (outputs, the arrays' flows, sums)
 """
 from epl import tf_adapter
 
@@ -180,7 +180,7 @@ def _read_node(fdef, tensor, slot, arrays):
 
 def _write_nodes(fdef, writes, arrays):
     """One TensorArrayWriteV3 per (ref, tensor, slot); returns, per array, a flow that
-    waits for all its writes (``flow%d`` results after the outputs)."""
+    waits for all its writes (``flow_out%d`` results after the outputs)."""
     waits = dict((dtype, []) for dtype in arrays)
     for ref, tensor, slot in writes:
         dtype = tensor.dtype.base_dtype
@@ -200,7 +200,7 @@ def _write_nodes(fdef, writes, arrays):
         node.input.extend("^" + name for name in waits[dtype])
         node.attr["T"].type = _FLOAT
         out = fdef.signature.output_arg.add()
-        out.name, out.type = "flow%d" % index, _FLOAT
+        out.name, out.type = "flow_out%d" % index, _FLOAT
         fdef.ret[out.name] = "%s:output:0" % node.name
 
 
