@@ -235,9 +235,14 @@ def _bodies(ctx, part, constants):
     return bodies
 
 
+# Dtypes whose activations pass through TensorArrays: TF's GPU number types (half, float,
+# double in TF 1.15), for which TensorArray kernels exist on every device.
+_SAVED_DTYPES = (tf.float16, tf.float32, tf.float64)
+
+
 def _saved(cores, member, wanted):
     """({forward action: [(tensor, slot)]}, {backward action: [(tensor, slot)]}): the
-    floating-point tensors a stage's forward hands only to its own backward
+    float16/32/64 tensors a stage's forward hands only to its own backward
     functions, which pass through a TensorArray per stage, dtype and micro-batch
     (see :class:`FunctionBody`), one slot per reading function (a read clears
     its slot). Tensors anything else reads stay results of the call."""
@@ -248,7 +253,8 @@ def _saved(cores, member, wanted):
         for op in ops:
             for tensor in op.outputs:
                 readers = set(member.get(c.name) for c in tensor.consumers()) - {action}
-                if (not readers or tensor.name in wanted or not tensor.dtype.is_floating
+                if (not readers or tensor.name in wanted
+                        or tensor.dtype.base_dtype not in _SAVED_DTYPES
                         or any(r is None or r[0] != action[0] or r[1] != BACKWARD
                                for r in readers)):
                     continue
