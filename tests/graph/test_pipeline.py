@@ -7,6 +7,7 @@ import epl
 from epl.cluster import Cluster
 from epl.ir.phase import Phase
 from epl.parallel.plan import PlanError
+from epl.profiler import device_memory_stats
 from eplutil import (copy_values, dataset_input, initial_weights, make_data, max_diff, mlp,
                      serial_train, staged_mlp, train_step)
 
@@ -268,15 +269,9 @@ def _peak_activation_bytes(strategy, lowering, micro_batches=8):
         sess.run(train)
         sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
                  run_metadata=meta)
-    for device in meta.step_stats.dev_stats:
-        if device.device.endswith("device:CPU:0"):
-            records = sorted((r.alloc_micros, r.alloc_bytes) for node in device.node_stats
-                             for memory in node.memory for r in memory.allocation_records)
-            total = peak = 0
-            for _, delta in records:
-                total += delta
-                peak = max(peak, total)
-            return peak
+    for device, memory in device_memory_stats(meta).items():
+        if device.endswith("device:CPU:0"):
+            return memory.peak_bytes
     raise AssertionError("no allocation records for CPU:0")
 
 

@@ -13,6 +13,7 @@ import contextlib
 
 import epl
 from epl.cluster import Cluster
+from epl.profiler import device_memory_stats
 from epl.tf_adapter import tf
 from realmodels import Bert
 
@@ -48,17 +49,8 @@ def _peaks(lowering, micro_batches=4):
         sess.run(train)
         sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
                  run_metadata=meta)
-    peaks = {}
-    for device in meta.step_stats.dev_stats:
-        records = sorted((r.alloc_micros, r.alloc_bytes) for node in device.node_stats
-                         for memory in node.memory for r in memory.allocation_records)
-        total = peak = 0
-        for _, delta in records:
-            total += delta
-            peak = max(peak, total)
-        name = device.device.split("device:")[-1]
-        peaks[name] = max(peaks.get(name, 0), peak)
-    return peaks
+    return dict((device.split("device:")[-1], memory.peak_bytes)
+                for device, memory in device_memory_stats(meta).items())
 
 
 def test_stage_functions_peak_no_higher_than_unrolled_copies():
