@@ -191,7 +191,7 @@ def _write_nodes(fdef, writes, arrays):
         node.input.extend([handle, _index_node(fdef, name, slot), ref, flow])
         node.attr["T"].type = dtype.as_datatype_enum
         waits[dtype].append(name)
-    for index, dtype in enumerate(sorted(waits, key=lambda d: d.as_datatype_enum)):
+    for index, dtype in enumerate(arrays):  # the arguments' order
         if not waits[dtype]:
             continue
         node = fdef.node_def.add()

@@ -258,8 +258,8 @@ def _saved(cores, member, wanted):
                         or any(r is None or r[0] != action[0] or r[1] != BACKWARD
                                for r in readers)):
                     continue
+                key = (action[0], tensor.dtype.base_dtype)
                 for reader in sorted(readers):
-                    key = (action[0], tensor.dtype.base_dtype)
                     slot = slots[key] = slots.get(key, -1) + 1
                     writes.setdefault(action, []).append((tensor, slot))
                     reads.setdefault(reader, []).append((tensor, slot))
