@@ -12,7 +12,7 @@ LISTED_OPS_WITHOUT_CPU_HALF_KERNEL = frozenset([
     "AvgPool3D", "CudnnRNN", "CudnnRNNV2", "CudnnRNNV3", "Einsum", "GRUBlockCell", "MaxPool3D"])
 
 
-# function_def_to_graph's defaults are what tf_adapter.called_function_body needs on 1.15:
+# function_def_to_graph's defaults are what tf_functions.called_function_body needs on 1.15:
 # the caller's function library is copied along, the body keeps its devices.
 FUNCTION_BODY_OPTIONS = {}
 

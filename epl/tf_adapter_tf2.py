@@ -13,7 +13,7 @@ LISTED_OPS_WITHOUT_CPU_HALF_KERNEL = frozenset([
     "AvgPool3D", "CudnnRNN", "CudnnRNNV2", "CudnnRNNV3", "GRUBlockCell", "MaxPool3D"])
 
 
-# What tf_adapter.called_function_body passes to function_def_to_graph on TF 2.x, where the
+# What tf_functions.called_function_body passes to function_def_to_graph on TF 2.x, where the
 # defaults changed: nested calls find their functions in the caller's library, and the body
 # keeps its devices, as on 1.15. (Its second positional argument is no longer the input
 # shapes: passed that way, the shapes were dropped and no op of a body had known shapes.)

@@ -21,7 +21,7 @@ Example::
     # body.inputs: tensors to pass, in order (then the arrays, then the accumulators);
     # results: body.results() (outputs, the arrays' flows, sums)
 """
-from epl import tf_adapter
+from epl import tf_adapter, tf_functions
 
 
 class FunctionBody(object):
@@ -108,7 +108,7 @@ class FunctionBody(object):
     def function_def(self, name):
         """The FunctionDef (named ``name``); :func:`first_call_variant` derives
         the variant without accumulators from it."""
-        fdef = tf_adapter.new_function_def(name)
+        fdef = tf_functions.new_function_def(name)
         refs = {}
         for index, tensor in enumerate(self.inputs):
             _check_argument(tensor)
@@ -174,7 +174,7 @@ def _read_node(fdef, tensor, slot, arrays):
     node.input.extend([handle, _index_node(fdef, name, slot), flow])
     node.attr["dtype"].type = tensor.dtype.base_dtype.as_datatype_enum
     node.attr["_output_shapes"].list.shape.add().CopyFrom(tensor.shape.as_proto())
-    node.attr[tf_adapter.SAVED_TENSOR_ATTR].s = tensor.name.encode()
+    node.attr[tf_functions.SAVED_TENSOR_ATTR].s = tensor.name.encode()
     return "%s:value:0" % name
 
 
@@ -222,7 +222,7 @@ def first_call_variant(fdef, name, returned_sums=()):
     tensors of the indices ``returned_sums`` (sum-only outputs, which the first
     call's readers need). Derived from the built proto rather than by walking the
     graph's ops again: a backward body holds thousands of nodes."""
-    first = tf_adapter.new_function_def(name)
+    first = tf_functions.new_function_def(name)
     first.CopyFrom(fdef)
     first.signature.name = name
     adds = {}

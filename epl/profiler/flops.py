@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from epl import tf_adapter
+from epl import tf_functions
 from epl.profiler import shapes as shape_lib
 from epl.profiler.profiler import graph_flops, repeated
 from epl.profiler.run_metadata import (execution_counts, executed_nodes, fed_shapes,
@@ -102,9 +102,9 @@ def _names_inside_calls(graph, executed):
     names, seen = set(), set()
     for name in executed:
         op = graph.get_operation_by_name(name)
-        if op.type in tf_adapter.CALL_OPS and op.get_attr("f").name not in seen:
+        if op.type in tf_functions.CALL_OPS and op.get_attr("f").name not in seen:
             seen.add(op.get_attr("f").name)   # every call of a function: the same names
-            names |= tf_adapter.called_node_names(op)
+            names |= tf_functions.called_node_names(op)
     return names
 
 

@@ -23,7 +23,7 @@ import collections
 import logging
 
 from epl.profiler import shapes as shape_lib
-from epl import tf_adapter
+from epl import tf_functions
 from epl.profiler.units import format_bytes, format_flops
 from epl.tf_adapter import tf
 
@@ -223,11 +223,11 @@ def _called_flops(graph, names=None):
     values, places, unknown = {}, {}, []
     bodies, known = {}, {}  # known: shapes of the tensors forward bodies save for backward ones
     for call in graph.get_operations():
-        if call.type not in tf_adapter.CALL_OPS or (names is not None and call.name not in names):
+        if call.type not in tf_functions.CALL_OPS or (names is not None and call.name not in names):
             continue
         key = (call.get_attr("f").name, tuple(str(t.shape) for t in call.inputs))
         if key not in bodies:
-            body = tf_adapter.called_function_body(call, known)
+            body = tf_functions.called_function_body(call, known)
             known.update((t.name, t.shape) for op in body.get_operations()
                          for t in op.outputs if t.shape.is_fully_defined())
             bodies[key] = _body_flops(body)

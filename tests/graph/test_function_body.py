@@ -1,7 +1,7 @@
 """FunctionBody: a function made of a graph's ops, and its first-call variant."""
 import numpy as np
 
-from epl import tf_adapter
+from epl import tf_functions
 from epl.parallel.function_body import FunctionBody, first_call_variant
 from epl.tf_adapter import tf
 
@@ -26,10 +26,10 @@ def test_first_call_variant_returns_the_accumulated_tensor_itself():
     assert not [n for n in first.node_def if n.name.startswith("EPL_ACCUMULATE_")]
     assert len(first.node_def) == len(fdef.node_def) - 1
     assert fdef.signature.name == "body_sum"  # the source is left as it was
-    summing = tf_adapter.define_function(graph, fdef)
-    starting = tf_adapter.define_function(graph, first)
-    _, (y0, sum0) = tf_adapter.call_function(starting, [x], "first", "/cpu:0")
-    _, (y1, sum1) = tf_adapter.call_function(summing, [x, sum0], "second", "/cpu:0")
+    summing = tf_functions.define_function(graph, fdef)
+    starting = tf_functions.define_function(graph, first)
+    _, (y0, sum0) = tf_functions.call_function(starting, [x], "first", "/cpu:0")
+    _, (y1, sum1) = tf_functions.call_function(summing, [x, sum0], "second", "/cpu:0")
     with tf.Session() as sess:
         values = sess.run([y0, sum0, y1, sum1], {x: np.array([1.0, 2.0], np.float32)})
     np.testing.assert_allclose(values[0], [3.0, 6.0])
@@ -54,10 +54,10 @@ def test_sum_only_outputs_come_from_the_first_call_alone():
     assert [a.name for a in fdef.signature.output_arg] == ["sum0"]
     assert [a.name for a in first.signature.output_arg] == ["sum0", "first_out0"]
     graph = tf.get_default_graph()
-    starting = tf_adapter.define_function(graph, first)
-    summing = tf_adapter.define_function(graph, fdef)
-    _, (sum0, out0) = tf_adapter.call_function(starting, [x], "first", "/cpu:0")
-    _, (sum1,) = tf_adapter.call_function(summing, [x, sum0], "second", "/cpu:0")
+    starting = tf_functions.define_function(graph, first)
+    summing = tf_functions.define_function(graph, fdef)
+    _, (sum0, out0) = tf_functions.call_function(starting, [x], "first", "/cpu:0")
+    _, (sum1,) = tf_functions.call_function(summing, [x, sum0], "second", "/cpu:0")
     with tf.Session() as sess:
         values = sess.run([sum0, out0, sum1], {x: np.array([1.0, 2.0], np.float32)})
     np.testing.assert_allclose(values[0], [3.0, 6.0])

@@ -21,9 +21,9 @@ PACKAGE = os.path.join(REPO_ROOT, "epl")
 # (floor, its modules and packages, what it holds), lowest first.
 FLOORS = (
     ("base", ("epl.version", "epl.lazy", "epl.checks", "epl.tf_adapter", "epl.tf_adapter_tf1",
-              "epl.tf_adapter_tf2", "epl.buckets", "epl.protocols"),
-     "no EPL imports: the TF adapter, count checks, bucket planning, the pass and hook "
-     "protocols, lazy exports"),
+              "epl.tf_adapter_tf2", "epl.tf_functions", "epl.buckets", "epl.protocols"),
+     "nothing above it: the TF adapter (and its functions module), count checks, bucket "
+     "planning, the pass and hook protocols, lazy exports"),
     ("description", ("epl.config", "epl.availability", "epl.cluster"),
      "the typed config, what this build can do, workers and devices"),
     ("graph", ("epl.ir", "epl.communicators", "epl.session"),

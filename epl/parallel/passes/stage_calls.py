@@ -12,7 +12,7 @@ the calls' results until the calls exist: every copy's ops that read them
 (its updates and residual ops, metrics, summaries, EPL's own ops) are rewired
 to that copy's calls, and then nothing runs them.
 """
-from epl import tf_adapter
+from epl import tf_adapter, tf_functions
 from epl.ir.phase import Phase
 from epl.ir.taskgraph import OpInfo
 from epl.parallel.clone import Cloner
@@ -160,7 +160,7 @@ class _CopyBuilder(object):
             stage, kind, _ = action
             prefix = REPLICA_PREFIX % copy + "/" if copy else ""
             with ctx.tf_graph.as_default(), tf.name_scope(None):
-                call, results = tf_adapter.call_function(
+                call, results = tf_functions.call_function(
                     function, inputs,
                     "%s%s/%s" % (prefix, MICRO_BATCH_PREFIX % micro_batch, function.name),
                     ctx.device(stage, copy), controls)
@@ -199,7 +199,7 @@ class _CopyBuilder(object):
                     self.array_sizes[(stage, dtype)] = tf_adapter.constant_on(
                         sum(1 for t, _ in body.writes if t.dtype.base_dtype == dtype),
                         prefix + name + "/size", ctx.device(stage, self.copy))
-                arrays[(stage, dtype)] = list(tf_adapter.step_tensor_array(
+                arrays[(stage, dtype)] = list(tf_functions.step_tensor_array(
                     dtype, self.array_sizes[(stage, dtype)],
                     "%s%s/%s" % (prefix, MICRO_BATCH_PREFIX % micro_batch, name),
                     ctx.device(stage, self.copy)))

@@ -22,7 +22,7 @@ What the calls replace:
 """
 import logging
 
-from epl import tf_adapter
+from epl import tf_adapter, tf_functions
 from epl.ir.phase import Phase
 from epl.ir.traverse import CONTROL_FLOW_TYPES, ancestor_ops
 from epl.parallel.function_body import FunctionBody, first_call_variant
@@ -91,11 +91,11 @@ class StageFunctionBodies(Pass):
         functions, firsts = {}, {}
         for action, body in bodies.items():
             fdef = body.function_def(_function_name(ctx, action))
-            functions[action] = tf_adapter.define_function(ctx.tf_graph, fdef)
+            functions[action] = tf_functions.define_function(ctx.tf_graph, fdef)
             if body.accumulate:
                 first = first_call_variant(fdef, _function_name(ctx, action, "_first"),
                                            body.returned_sums())
-                firsts[action] = tf_adapter.define_function(ctx.tf_graph, first)
+                firsts[action] = tf_functions.define_function(ctx.tf_graph, first)
         ctx.micro_batching = StageCalls(part, bodies, functions, firsts)
         LOG.info("EPL: the step as stage functions: %r", part)
 
