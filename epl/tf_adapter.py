@@ -3,8 +3,9 @@
 Everything EPL needs from ``tensorflow.python...`` is imported or reached here
 (functions made from a graph's ops, for pipeline stages, in its companion
 ``epl/tf_functions.py``), so that supporting another TensorFlow version changes
-these files (and the per-version implementation modules) and nothing else. Public TF API is used
-through ``tf`` (the ``tf.compat.v1`` namespace, which exists in 1.15 too).
+these files (and the per-version implementation modules) and nothing else.
+Public TF API is used through ``tf`` (the ``tf.compat.v1`` namespace, which
+exists in 1.15 too).
 
 Two TensorFlow lines are supported: 1.15 and 2.x through ``tf.compat.v1``
 (docs/tf2.md). What differs between them lives in ``epl/tf_adapter_tf1.py`` and

@@ -17,6 +17,11 @@ from tensorflow.python.util import function_utils as _function_utils
 from epl import tf_adapter
 from epl.tf_adapter import tf
 
+# The call ops whose bodies the profiler looks into.
+CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
+# A call's own function-level rewrites: off (see call_function).
+_DISABLED_REWRITES = _function_utils.get_disabled_rewriter_config()
+
 
 def new_function_def(name):
     """An empty FunctionDef proto named ``name``."""
@@ -68,9 +73,8 @@ def call_function(function, inputs, name, device, control_inputs=()):
     copy its definition into the graph again. The call's own function-level
     rewrites are off: the session's grappler, where it runs, optimizes the
     library once. The call is marked not to be compiled by XLA as a whole
-    (``_XlaCompile``):
-    TF's auto-clustering pass otherwise instantiates the body once per call site
-    to decide, even with XLA off (measured on a 12-layer encoder, 2 stages x 32
+    (``_XlaCompile``): TF's auto-clustering pass otherwise instantiates the body
+    once per call site to decide, even with XLA off (measured on a 12-layer encoder, 2 stages x 32
     micro-batches: 3.5 s of the first step); XLA can still cluster ops inside
     the body when the function is instantiated.
 
@@ -94,12 +98,6 @@ def call_function(function, inputs, name, device, control_inputs=()):
     op = tf_adapter.op_from_node(graph, node, attrs, tf_adapter.list_input(list(inputs)),
                                  control_inputs)
     return op, list(op.outputs)
-
-
-_DISABLED_REWRITES = _function_utils.get_disabled_rewriter_config()
-
-
-CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
 
 
 def called_function_body(call_op, known_shapes=None):
