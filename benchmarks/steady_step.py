@@ -16,6 +16,15 @@ memory layout, would show as repeats that disagree).
 Only one process computes at a time: the other waits on its stdin, so each step
 has the machine to itself, as a user's single job would.
 
+``--allocator`` picks TensorFlow's CPU allocator for both processes: ``malloc``
+(TF's default, glibc) or ``bfc`` (TF's own best-fit allocator,
+``TF_CPU_ALLOCATOR_USE_BFC=1``). Under glibc, the stage functions' allocation
+pattern makes its thread arenas create and drop 64 MB heaps many times per step
+(at m = 4 about 70 heaps per step against 4 for unrolled copies, seen with
+``strace``), and every page of a new heap is faulted in again: the report gives
+each lowering's minor page faults per step, so that a gap that comes from the
+allocator is told apart from one that comes from the calls.
+
 Model: the ``mid`` encoder of ``benchmarks/rewrite_cost.py`` (12 layers, hidden
 384, seq 32, 12 heads, micro-batch 4, Adam), 2 stages on 1 worker x 2 virtual
 CPU devices.
@@ -31,6 +40,7 @@ runs); each row names the run it comes from.
 import argparse
 import os
 import queue
+import resource
 import statistics
 import subprocess
 import sys
@@ -43,6 +53,8 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 
 LOWERINGS = ("stage_functions", "unrolled")
+ALLOCATORS = ("malloc", "bfc")  # TF's CPU allocator: its default (glibc) or its BFC
+BFC_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"
 BUILD_TIMEOUT = 1800  # seconds for a process to build its graph and run its first steps
 STEP_TIMEOUT = 300  # seconds for one step
 
@@ -71,9 +83,22 @@ def child(args):
             sess.run(train)
         common.bench_line(dict(ready=True, first_step=first))
         for _ in sys.stdin:
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = time.time()
             sess.run(train)
-            common.bench_line(dict(step=time.time() - start))
+            seconds = time.time() - start
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+            common.bench_line(dict(step=seconds, faults=faults))
+
+
+def child_env(allocator):
+    """The environment of a child process with TF's CPU allocator ``allocator``
+    (the caller's own setting of it never leaks into a row)."""
+    env = dict(os.environ, PYTHONPATH=common.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop(BFC_VARIABLE, None)
+    if allocator == "bfc":
+        env[BFC_VARIABLE] = "1"
+    return env
 
 
 class StepServer(object):
@@ -85,8 +110,8 @@ class StepServer(object):
         self.argv = [sys.executable, os.path.abspath(__file__), "--child",
                      "--micro-batches-one", str(micro_batches), "--lowering", lowering,
                      "--warmup", str(args.warmup)]
-        env = dict(os.environ, PYTHONPATH=common.REPO, TF_CPP_MIN_LOG_LEVEL="2")
-        self.proc = subprocess.Popen(self.argv, cwd=common.REPO, env=env, stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen(self.argv, cwd=common.REPO, env=child_env(args.allocator),
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      universal_newlines=True, errors="replace")
         self.lines, self.bench = [], queue.Queue()
@@ -115,10 +140,11 @@ class StepServer(object):
              "command: " + common.format_command(self.argv)] + self.lines[-25:]))
 
     def step(self):
-        """Seconds of one training step."""
+        """(seconds, minor page faults) of one training step."""
         self.proc.stdin.write("step\n")
         self.proc.stdin.flush()
-        return self._next(STEP_TIMEOUT)["step"]
+        payload = self._next(STEP_TIMEOUT)
+        return payload["step"], payload["faults"]
 
     def close(self):
         try:
@@ -136,14 +162,16 @@ def paired(args, micro_batches):
     try:
         for lowering in LOWERINGS:  # one build at a time
             servers.append((lowering, StepServer(args, micro_batches, lowering)))
-        steps = dict((low, []) for low in LOWERINGS)
+        steps, faults = dict((low, []) for low in LOWERINGS), dict((low, []) for low in LOWERINGS)
         for round_ in range(args.pairs):
             for lowering, server in (servers if round_ % 2 == 0 else servers[::-1]):
-                steps[lowering].append(server.step())
+                seconds, step_faults = server.step()
+                steps[lowering].append(seconds)
+                faults[lowering].append(step_faults)
     finally:
         for _, server in servers:
             server.close()
-    return dict(steps=steps, load_before=load,
+    return dict(steps=steps, faults=faults, load_before=load,
                 first_step=dict((low, server.first_step) for low, server in servers))
 
 
@@ -164,30 +192,56 @@ def summary(result):
             steps[low] += pair["steps"][low]
     ratios = [r for pair in per_pair for r in pair]
     pair_ratios = [statistics.median(pair) for pair in per_pair]
+    faults = dict((low, [f for pair in result["pairs"]
+                         for f in pair.get("faults", {}).get(low, [])]) for low in LOWERINGS)
     return dict(median=dict((low, statistics.median(s)) for low, s in steps.items()),
                 ratio=statistics.median(ratios), quartiles=quartiles(ratios),
-                pair_ratios=pair_ratios, count=len(ratios))
+                pair_ratios=pair_ratios, count=len(ratios),
+                faults=dict((low, statistics.median(f)) for low, f in faults.items() if f))
 
 
-def row(micro_batches, result):
+def row(key, result):
     s = summary(result)
+    micro_batches, allocator = parse_key(key)
     percent = lambda r: "%+.0f%%" % (round(100.0 * (r - 1)) or 0.0)  # never "-0%"
-    return [micro_batches, "%.2f" % s["median"][LOWERINGS[0]], "%.2f" % s["median"][LOWERINGS[1]],
+    faults = ("%.0fk / %.0fk" % tuple(s["faults"][low] / 1000.0 for low in LOWERINGS)
+              if len(s["faults"]) == len(LOWERINGS) else "not recorded")
+    return [micro_batches, allocator,
+            "%.2f" % s["median"][LOWERINGS[0]], "%.2f" % s["median"][LOWERINGS[1]],
             "%s (%s to %s)" % (percent(s["ratio"]), percent(s["quartiles"][0]),
                                percent(s["quartiles"][1])),
-            " ".join(percent(r) for r in s["pair_ratios"]), s["count"], result["run"] + 1,
-            " ".join("%.1f" % p["load_before"][0] for p in result["pairs"])]
+            " ".join(percent(r) for r in s["pair_ratios"]), faults, s["count"],
+            result["run"] + 1, " ".join("%.1f" % p["load_before"][0] for p in result["pairs"])]
+
+
+def result_key(micro_batches, allocator):
+    """A row's key in the JSON: the micro-batch count, then ``:bfc`` under TF's
+    BFC allocator (rows of TF's default allocator keep the plain count, as
+    before the allocator was a choice)."""
+    return str(micro_batches) if allocator == "malloc" else "%d:%s" % (micro_batches, allocator)
+
+
+def parse_key(key):
+    """(micro-batches, allocator) of a :func:`result_key`."""
+    count, _, allocator = key.partition(":")
+    return int(count), allocator or "malloc"
+
+
+def row_order(key):
+    """Rows by micro-batch count, TF's default allocator first."""
+    count, allocator = parse_key(key)
+    return count, ALLOCATORS.index(allocator)
 
 
 def merged(out, results, runs):
     """``results`` and ``runs`` with the rows of the JSON in ``out`` for the
-    micro-batch counts not in ``results`` (and the runs they come from). Rows of
-    the earlier, unpaired method are dropped: they do not compare."""
+    (micro-batch count, allocator) keys not in ``results`` (and the runs they come
+    from). Rows of the earlier, unpaired method are dropped: they do not compare."""
     old = common.read_results(out, "steady_step")
     if old is None:
         return results, runs
-    kept = dict((int(m), r) for m, r in old["results"].items()
-                if int(m) not in results and "pairs" in r)
+    kept = dict((key, r) for key, r in old["results"].items()
+                if key not in results and "pairs" in r)
     used = sorted(set(r["run"] for r in kept.values()))
     renumber = dict((index, len(runs) + position) for position, index in enumerate(used))
     for result in kept.values():
@@ -207,12 +261,15 @@ def markdown(results, runs):
     lines += ["- Both lowerings alive at once, single steps alternated (A B B A ...); "
               "ratio = stage-functions step / the unrolled step next to it; the table gives "
               "each lowering's median step (s), the median ratio with its interquartile "
-              "range, and the median ratio of each process pair", "",
+              "range, and the median ratio of each process pair; page faults: each "
+              "lowering's median minor page faults per step (stage functions / unrolled); "
+              "CPU allocator: TF's default (malloc) or its BFC allocator "
+              "(`TF_CPU_ALLOCATOR_USE_BFC=1`)", "",
               common.markdown_table(
-                  ["micro-batches", "stage functions s", "unrolled s",
-                   "functions vs unrolled (IQR)", "per process pair", "pairs of steps", "run",
-                   "1-min load before each process pair"],
-                  [row(m, r) for m, r in sorted(results.items())])]
+                  ["micro-batches", "CPU allocator", "stage functions s", "unrolled s",
+                   "functions vs unrolled (IQR)", "per process pair", "page faults per step",
+                   "pairs of steps", "run", "1-min load before each process pair"],
+                  [row(key, results[key]) for key in sorted(results, key=row_order)])]
     return "\n".join(lines)
 
 
@@ -229,6 +286,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=common.positive_int, default=2,
                         help="process pairs per micro-batch count")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--allocator", choices=ALLOCATORS, default="malloc",
+                        help="TF's CPU allocator in both processes (see the module docstring)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--merge", action="store_true",
                         help="keep the JSON's rows of micro-batch counts not run this time")
@@ -238,13 +297,14 @@ def main(argv=None):
         return child(args)
     results = {}
     for micro_batches in args.micro_batches:
-        results[micro_batches] = dict(
+        key = result_key(micro_batches, args.allocator)
+        results[key] = dict(
             run=0, pairs=[paired(args, micro_batches) for _ in range(args.repeats)])
-        print(row(micro_batches, results[micro_batches]), flush=True)
+        print(row(key, results[key]), flush=True)
     runs = [dict(common.environment_info(sys.argv), pairs=args.pairs, warmup=args.warmup)]
     if args.merge:
         results, runs = merged(args.out, results, runs)
-    payload = dict(results=dict((str(m), r) for m, r in results.items()), runs=runs)
+    payload = dict(results=results, runs=runs)
     text = markdown(results, runs)
     common.write_results(args.out, "steady_step", payload, text)
     print(text)

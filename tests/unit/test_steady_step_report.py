@@ -1,7 +1,8 @@
 """benchmarks/steady_step.py compares the two pipeline lowerings by pairs of steps
 taken next to each other in time: the ratio of each pair, their median and
-interquartile range, and the median per process pair; ``--merge`` keeps rows of
-other micro-batch counts but drops rows of the earlier unpaired method."""
+interquartile range, and the median per process pair, with each lowering's page
+faults per step and the CPU allocator of the row; ``--merge`` keeps rows of other
+micro-batch counts and allocators but drops rows of the earlier unpaired method."""
 import importlib.util
 import json
 import os
@@ -13,9 +14,12 @@ steady = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(steady)
 
 
-def _pair(functions, unrolled, load=1.0):
-    return dict(steps=dict(stage_functions=functions, unrolled=unrolled),
+def _pair(functions, unrolled, load=1.0, faults=None):
+    pair = dict(steps=dict(stage_functions=functions, unrolled=unrolled),
                 load_before=[load, load, load], first_step=dict(stage_functions=1.0, unrolled=2.0))
+    if faults is not None:
+        pair["faults"] = faults
+    return pair
 
 
 def test_ratios_are_taken_per_pair_of_adjacent_steps():
@@ -29,8 +33,32 @@ def test_ratios_are_taken_per_pair_of_adjacent_steps():
     assert [round(r, 9) for r in summary["pair_ratios"]] == [1.1, 1.1]
     assert summary["count"] == 6
     assert summary["median"] == dict(stage_functions=2.2, unrolled=2.0)
-    row = steady.row(16, result)
-    assert row[0] == 16 and row[3] == "+10% (+10% to +10%)" and row[4] == "+10% +10%"
+    row = steady.row("16", result)
+    assert row[:2] == [16, "malloc"]
+    assert row[4] == "+10% (+10% to +10%)" and row[5] == "+10% +10%"
+    assert row[6] == "not recorded"  # rows from before faults were counted
+
+
+def test_faults_are_each_lowerings_median_per_step():
+    result = dict(run=0, pairs=[
+        _pair([1.0, 1.0], [1.0, 1.0], faults=dict(stage_functions=[50000, 60000],
+                                                  unrolled=[1000, 30000])),
+        _pair([1.0], [1.0], faults=dict(stage_functions=[52000], unrolled=[2000]))])
+    assert steady.summary(result)["faults"] == dict(stage_functions=52000, unrolled=2000)
+    assert steady.row("4:bfc", result)[:2] == [4, "bfc"]
+    assert steady.row("4:bfc", result)[6] == "52k / 2k"
+
+
+def test_rows_are_keyed_by_count_and_allocator():
+    assert steady.result_key(32, "malloc") == "32"  # as before the allocator was a choice
+    assert steady.parse_key(steady.result_key(32, "bfc")) == (32, "bfc")
+    assert sorted(["4:bfc", "16", "4"], key=steady.row_order) == ["4", "4:bfc", "16"]
+
+
+def test_only_the_bfc_rows_switch_the_allocator(monkeypatch):
+    monkeypatch.setenv(steady.BFC_VARIABLE, "1")  # a caller's own setting
+    assert steady.BFC_VARIABLE not in steady.child_env("malloc")
+    assert steady.child_env("bfc")[steady.BFC_VARIABLE] == "1"
 
 
 def test_quartiles_of_an_odd_count():
@@ -44,8 +72,9 @@ def test_merge_keeps_paired_rows_of_other_counts_and_drops_unpaired_ones(tmp_pat
         "32": dict(run=1, pairs=[_pair([8.0], [7.5])]),
         "16": dict(run=0, pairs=[_pair([4.0], [4.0])])})
     (tmp_path / "steady_step.json").write_text(json.dumps(old))
-    new = {16: dict(run=0, pairs=[_pair([3.9], [4.0])])}
+    new = {"16": dict(run=0, pairs=[_pair([3.9], [4.0])]),
+           "16:bfc": dict(run=0, pairs=[_pair([3.8], [4.0])])}
     results, runs = steady.merged(str(tmp_path), new, [dict(command="this run")])
-    assert sorted(results) == [16, 32]
-    assert results[16] is new[16]  # this run's row wins over the JSON's
-    assert results[32]["run"] == 1 and runs == [dict(command="this run"), old_runs[1]]
+    assert sorted(results, key=steady.row_order) == ["16", "16:bfc", "32"]
+    assert results["16"] is new["16"]  # this run's row wins over the JSON's
+    assert results["32"]["run"] == 1 and runs == [dict(command="this run"), old_runs[1]]
