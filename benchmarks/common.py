@@ -558,6 +558,29 @@ def _cpu_model():
     return platform.processor() or None
 
 
+def running_peak(records):
+    """The highest running sum of ``(time, bytes)`` allocation records (allocations
+    positive, frees negative), in time order; at the same time, frees count first."""
+    total = peak = 0
+    for _, delta in sorted(records):
+        total += delta
+        peak = max(peak, total)
+    return peak
+
+
+def device_peaks(run_metadata):
+    """{device name: :func:`running_peak` of its allocation records} for each device of
+    a traced step (``RunMetadata`` with memory tracing) that recorded any: the peak
+    of activations and temporaries that the benchmarks compare against formulas."""
+    peaks = {}
+    for dev in run_metadata.step_stats.dev_stats:
+        records = [(rec.alloc_micros, rec.alloc_bytes) for node in dev.node_stats
+                   for memory in node.memory for rec in memory.allocation_records]
+        if records:
+            peaks[dev.device] = max(running_peak(records), peaks.get(dev.device, 0))
+    return peaks
+
+
 def markdown_table(headers, rows):
     """A GitHub Markdown table; numbers are formatted by the caller."""
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]

@@ -152,14 +152,6 @@ def fp16_weight_casts(graph):
                and op.outputs[0].dtype.base_dtype.name == "float16" and weight_like(op))
 
 
-def running_peak(records):
-    total = peak = 0
-    for _, delta in sorted(records, key=lambda r: r[0]):
-        total += delta
-        peak = max(peak, total)
-    return peak
-
-
 def applied_gradient_bytes(graph):
     """{optimizer update op: bytes of the reduced dense gradient it applies} (the OpDef
     input named ``grad``). Summed over the update ops a device ran in the traced step,
@@ -205,8 +197,8 @@ def device_report(run_metadata, graph, view):
             if node.node_name in casts:
                 entry["casts"] += records
     for device, entry in out.items():
-        entry["apply_peak"] = running_peak(entry.pop("apply"))
-        entry["fp16_weight_casts_peak"] = running_peak(entry.pop("casts"))
+        entry["apply_peak"] = common.running_peak(entry.pop("apply"))
+        entry["fp16_weight_casts_peak"] = common.running_peak(entry.pop("casts"))
         entry["peak"] = stats[device].peak_bytes
         entry["persistent"] = stats[device].persistent_bytes
     return out

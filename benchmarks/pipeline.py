@@ -59,24 +59,6 @@ def build_model(tf, epl, batch, width, layers, features=256):
     return loss, train
 
 
-def peak_bytes(run_metadata):
-    """Per device: maximum running sum of allocation records (activations + temps)."""
-    peaks = {}
-    for dev in run_metadata.step_stats.dev_stats:
-        records = []
-        for node in dev.node_stats:
-            for memory in node.memory:
-                for rec in memory.allocation_records:
-                    records.append((rec.alloc_micros, rec.alloc_bytes))
-        total = peak = 0
-        for _, delta in sorted(records):
-            total += delta
-            peak = max(peak, total)
-        if records:
-            peaks[dev.device] = peak
-    return peaks
-
-
 def child(args):
     """Measure one configuration in this process; print one BENCH line."""
     os.environ["EPL_NUM_VIRTUAL_DEVICES"] = str(STAGES)
@@ -100,7 +82,7 @@ def child(args):
         meta = tf.RunMetadata()
         sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
                  run_metadata=meta)
-    peaks = peak_bytes(meta)
+    peaks = common.device_peaks(meta)
     print(common.bench_line({"micro_batches": m, "strategy": args.strategy,
                              "global_batch": batch * m, "step_seconds": step,
                              "peak_bytes": peaks}), flush=True)

@@ -140,17 +140,10 @@ def _epl_setup(args, size, devices, timings):
 def _peaks(meta, devices):
     """Peak bytes per compute device (CPU:0..devices-1) of a traced step."""
     peaks = {}
-    for dev in meta.step_stats.dev_stats:
-        index = dev.device.rsplit("CPU:", 1)[-1]
-        if "/device:CPU:" not in dev.device or not index.isdigit() or int(index) >= devices:
-            continue
-        records = sorted((rec.alloc_micros, rec.alloc_bytes) for node in dev.node_stats
-                         for memory in node.memory for rec in memory.allocation_records)
-        total = peak = 0
-        for _, delta in records:
-            total += delta
-            peak = max(peak, total)
-        peaks[int(index)] = max(peak, peaks.get(int(index), 0))
+    for device, peak in common.device_peaks(meta).items():
+        index = device.rsplit("CPU:", 1)[-1]
+        if "/device:CPU:" in device and index.isdigit() and int(index) < devices:
+            peaks[int(index)] = max(peak, peaks.get(int(index), 0))
     return [peaks.get(i, 0) for i in range(devices)]
 
 
