@@ -30,7 +30,7 @@ Model: the ``mid`` encoder of ``benchmarks/rewrite_cost.py`` (12 layers, hidden
 CPU devices.
 
     .venv/bin/python benchmarks/steady_step.py [--micro-batches 4,16,32]
-        [--pairs 12] [--repeats 2] [--warmup 2] [--merge]
+        [--pairs 12] [--repeats 2] [--warmup 2] [--allocator malloc|bfc] [--merge]
 
 Writes benchmarks/results/steady_step.{json,md}. ``--merge`` keeps the rows of the
 micro-batch counts not run this time from the JSON already there (an unrolled
