@@ -175,6 +175,7 @@ def device_report(run_metadata, graph, view):
     """Per device: step peak, persistent weights/slots, apply-phase and fp16-cast peaks."""
     from epl.ir.phase import Phase
     from epl.profiler import device_memory_stats
+    from epl.profiler.run_metadata import bytes_in_use_timeline
     kinds, casts = variable_kinds(graph), fp16_weight_casts(graph)
     applied = applied_gradient_bytes(graph)
     stats = device_memory_stats(run_metadata)
@@ -197,8 +198,9 @@ def device_report(run_metadata, graph, view):
             if node.node_name in casts:
                 entry["casts"] += records
     for device, entry in out.items():
-        entry["apply_peak"] = common.running_peak(entry.pop("apply"))
-        entry["fp16_weight_casts_peak"] = common.running_peak(entry.pop("casts"))
+        # the profiler's rule, as for the step peak (stats[device].peak_bytes)
+        entry["apply_peak"] = bytes_in_use_timeline(entry.pop("apply"))[1]
+        entry["fp16_weight_casts_peak"] = bytes_in_use_timeline(entry.pop("casts"))[1]
         entry["peak"] = stats[device].peak_bytes
         entry["persistent"] = stats[device].persistent_bytes
     return out

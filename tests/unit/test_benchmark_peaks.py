@@ -1,6 +1,7 @@
-"""The benchmarks' one peak-memory rule (benchmarks/common.py): the highest running
-sum of a traced step's allocation records per device, frees first at equal times;
-benchmarks/pipeline.py, rewrite_cost.py and memory.py all report it."""
+"""The peak-memory rule of benchmarks/pipeline.py and rewrite_cost.py
+(benchmarks/common.py): the highest running sum of a traced step's allocation
+records per device, frees first at equal times. (memory.py uses the profiler's
+rule, epl.profiler.run_metadata.bytes_in_use_timeline, as for its step peaks.)"""
 import importlib.util
 import os
 from types import SimpleNamespace as NS
