@@ -33,6 +33,30 @@ def _epl_clean_state(monkeypatch):
         sys.modules["epl.env"].reset()
 
 
+def _timeout_of(item):
+    """The pytest-timeout limit of ``item`` (its marker, else setup.cfg's), or None."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        return float(marker.args[0])
+    value = item.config.getini("timeout")
+    return float(value) if value else None
+
+
+@pytest.fixture(autouse=True)
+def _test_deadline(request):
+    """Tell eplutil's waiting helpers when this test must have ended."""
+    import sys
+    import time
+    eplutil = sys.modules.get("eplutil")
+    limit = _timeout_of(request.node)
+    if eplutil is None or not limit:
+        yield
+        return
+    eplutil.TEST_DEADLINE[0] = time.time() + limit - eplutil.DEADLINE_MARGIN
+    yield
+    eplutil.TEST_DEADLINE[0] = None
+
+
 _EQUIVALENCE = []   # (test, max difference) from every test report, xdist workers' too
 _TIMINGS = []       # (what, seconds) from every test report (eplutil.TIMINGS)
 _TAKEN = {"equivalence": 0, "timing": 0}  # this process's entries reported so far

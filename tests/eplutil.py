@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -285,11 +286,38 @@ def slot_bytes_by_device(sess):
     return dict(found)
 
 
+# When the running test must end (set by conftest from its pytest-timeout limit, minus a
+# margin): helpers that wait stop waiting by then and fail with what was stuck, instead of
+# pytest-timeout ending the whole process ("worker crashed", the stacks lost in the log).
+TEST_DEADLINE = [None]
+DEADLINE_MARGIN = 20  # seconds: enough for the test to fail with its own message, tear down
+
+
+def wait_budget(timeout):
+    """Seconds to wait: ``timeout``, or less if the running test's deadline is nearer."""
+    if TEST_DEADLINE[0] is None:
+        return timeout
+    return max(0.0, min(timeout, TEST_DEADLINE[0] - time.time()))
+
+
+def thread_stacks(threads):
+    """The Python stack of each live thread, for a hang's error message."""
+    frames = sys._current_frames()
+    parts = []
+    for index, thread in threads:
+        frame = frames.get(thread.ident)
+        if frame is not None:
+            stack = "".join(traceback.format_stack(frame)[-6:])
+            parts.append("worker %d was at:\n%s" % (index, stack))
+    return "\n".join(parts)
+
+
 def run_workers(fn, workers, devices_per_worker, config=None, timeout=120):
     """Run ``fn(worker_index)`` for each worker in its own thread, graph and Env.
 
-    Each thread gets an explicit Cluster over 127.0.0.1 ports. A hung worker
-    fails the test after ``timeout`` seconds instead of blocking the suite.
+    Each thread gets an explicit Cluster over 127.0.0.1 ports. Workers that have
+    not finished after ``timeout`` seconds in all (or when the test's own deadline
+    comes first) fail the test with their stacks instead of blocking the suite.
     """
     hosts = ["127.0.0.1:%d" % p for p in free_ports(workers)]
     results, errors = [None] * workers, []
@@ -305,11 +333,14 @@ def run_workers(fn, workers, devices_per_worker, config=None, timeout=120):
     threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(workers)]
     for thread in threads:
         thread.start()
+    budget = wait_budget(timeout)
+    deadline = time.time() + budget
     for thread in threads:
-        thread.join(timeout)
-    hung = [i for i, t in enumerate(threads) if t.is_alive()]
+        thread.join(max(0.0, deadline - time.time()))
+    hung = [(i, t) for i, t in enumerate(threads) if t.is_alive()]
     if hung:
-        raise AssertionError("workers %s did not finish within %d s" % (hung, timeout))
+        raise AssertionError("workers %s did not finish within %.0f s\n%s" % (
+            [i for i, _ in hung], budget, thread_stacks(hung)))
     if errors:
         index, err = errors[0]
         raise AssertionError("worker %d failed: %s: %s" % (index, type(err).__name__, err))

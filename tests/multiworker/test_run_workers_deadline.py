@@ -1,0 +1,39 @@
+"""The helper that runs in-process workers gives up before pytest-timeout does.
+
+pytest-timeout (thread method) ends a stuck test by ending its whole process, which
+pytest-xdist reports only as "worker crashed" with the stacks lost in a long log. So
+``eplutil.run_workers`` waits at most until the test's own deadline (its timeout minus
+eplutil.DEADLINE_MARGIN) in all, not ``timeout`` per worker, and then fails the test
+naming the stuck workers and where each one was."""
+import threading
+import time
+
+import pytest
+
+from eplutil import DEADLINE_MARGIN, TEST_DEADLINE, run_workers
+
+
+@pytest.mark.timeout(DEADLINE_MARGIN + 8)
+def test_stuck_workers_fail_the_test_before_its_timeout_with_their_stacks():
+    release = threading.Event()
+
+    def worker(index):
+        if index == 1:
+            return "done"
+        release.wait(120)  # the stuck one: waits far beyond the test's limit
+        return "late"
+
+    start = time.time()
+    with pytest.raises(AssertionError) as failure:
+        run_workers(worker, 2, 1, timeout=120)
+    waited = time.time() - start
+    release.set()
+    message = str(failure.value)
+    assert "workers [0] did not finish within" in message
+    assert "release.wait(120)" in message  # the stuck worker's own line
+    assert waited < 8 + 1  # the test's deadline, not 120 s and not 2 x 120 s
+
+
+def test_a_test_without_a_marker_has_the_deadline_of_setup_cfg():
+    left = TEST_DEADLINE[0] - time.time()  # set by conftest from setup.cfg's timeout = 300
+    assert 300 - DEADLINE_MARGIN - 30 < left <= 300 - DEADLINE_MARGIN
