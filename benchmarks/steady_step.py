@@ -39,24 +39,18 @@ runs); each row names the run it comes from.
 """
 import argparse
 import os
-import queue
-import resource
 import statistics
-import subprocess
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import common  # noqa: E402
+import paired as pairing  # noqa: E402
+from paired import ALLOCATORS, BFC_VARIABLE, quartiles  # noqa: E402,F401
 
 LOWERINGS = ("stage_functions", "unrolled")
-ALLOCATORS = ("malloc", "bfc")  # TF's CPU allocator: its default (glibc) or its BFC
-BFC_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"
-BUILD_TIMEOUT = 1800  # seconds for a process to build its graph and run its first steps
-STEP_TIMEOUT = 300  # seconds for one step
 
 
 # ---- the child: one lowering, one long-lived process -----------------------------
@@ -78,81 +72,21 @@ def child(args):
     start = time.time()
     with tf.train.MonitoredTrainingSession(config=config) as sess:
         sess.run(train)
-        first = time.time() - start
-        for _ in range(args.warmup):
-            sess.run(train)
-        common.bench_line(dict(ready=True, first_step=first))
-        for _ in sys.stdin:
-            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            start = time.time()
-            sess.run(train)
-            seconds = time.time() - start
-            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-            common.bench_line(dict(step=seconds, faults=faults))
+        pairing.serve_steps(sess, train, args.warmup, time.time() - start)
 
 
 def child_env(allocator):
-    """The environment of a child process with TF's CPU allocator ``allocator``
-    (the caller's own setting of it never leaks into a row)."""
-    env = dict(os.environ, PYTHONPATH=common.REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop(BFC_VARIABLE, None)
-    if allocator == "bfc":
-        env[BFC_VARIABLE] = "1"
-    return env
+    """The environment of a child process with TF's CPU allocator ``allocator``."""
+    return pairing.allocator_env(
+        allocator, dict(os.environ, PYTHONPATH=common.REPO, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
-class StepServer(object):
-    """A child process of one lowering, driven one step at a time, every wait
-    bounded (a hung or dead child raises BenchmarkError with its last output)."""
-
-    def __init__(self, args, micro_batches, lowering):
-        self.what = "%s m=%d" % (lowering, micro_batches)
-        self.argv = [sys.executable, os.path.abspath(__file__), "--child",
-                     "--micro-batches-one", str(micro_batches), "--lowering", lowering,
-                     "--warmup", str(args.warmup)]
-        self.proc = subprocess.Popen(self.argv, cwd=common.REPO, env=child_env(args.allocator),
-                                     stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     universal_newlines=True, errors="replace")
-        self.lines, self.bench = [], queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.first_step = self._next(BUILD_TIMEOUT)["first_step"]
-
-    def _pump(self):
-        for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            self.lines.append(line)
-            found = common.parse_bench([line], common.SINGLE_LINE)
-            if found:
-                self.bench.put(found[0])
-        self.bench.put(None)
-
-    def _next(self, timeout):
-        try:
-            payload = self.bench.get(timeout=timeout)
-        except queue.Empty:
-            payload = "timed out after %d s" % timeout
-        if isinstance(payload, dict):
-            return payload
-        self.close()
-        raise common.BenchmarkError("\n".join(
-            ["%s: %s" % (self.what, payload or "exited without a result"),
-             "command: " + common.format_command(self.argv)] + self.lines[-25:]))
-
-    def step(self):
-        """(seconds, minor page faults) of one training step."""
-        self.proc.stdin.write("step\n")
-        self.proc.stdin.flush()
-        payload = self._next(STEP_TIMEOUT)
-        return payload["step"], payload["faults"]
-
-    def close(self):
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(60)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
+def step_server(args, micro_batches, lowering):
+    argv = [sys.executable, os.path.abspath(__file__), "--child",
+            "--micro-batches-one", str(micro_batches), "--lowering", lowering,
+            "--warmup", str(args.warmup)]
+    return pairing.StepServer(argv, child_env(args.allocator),
+                              "%s m=%d" % (lowering, micro_batches))
 
 
 def paired(args, micro_batches):
@@ -161,13 +95,8 @@ def paired(args, micro_batches):
     servers = []  # (lowering, StepServer)
     try:
         for lowering in LOWERINGS:  # one build at a time
-            servers.append((lowering, StepServer(args, micro_batches, lowering)))
-        steps, faults = dict((low, []) for low in LOWERINGS), dict((low, []) for low in LOWERINGS)
-        for round_ in range(args.pairs):
-            for lowering, server in (servers if round_ % 2 == 0 else servers[::-1]):
-                seconds, step_faults = server.step()
-                steps[lowering].append(seconds)
-                faults[lowering].append(step_faults)
+            servers.append((lowering, step_server(args, micro_batches, lowering)))
+        steps, faults = pairing.alternate(servers, args.pairs)
     finally:
         for _, server in servers:
             server.close()
@@ -176,11 +105,6 @@ def paired(args, micro_batches):
 
 
 # ---- summary and report -----------------------------------------------------------
-def quartiles(values):
-    ordered = sorted(values)
-    return ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]
-
-
 def summary(result):
     """Median step per lowering, and the median and quartiles of the per-pair
     ratio stage functions / unrolled, over all process pairs of a row."""

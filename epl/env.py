@@ -15,7 +15,7 @@ import threading
 from epl import tf_adapter
 from epl import cluster as _cluster_module
 from epl.availability import check_available
-from epl.cluster import Cluster
+from epl.cluster import Cluster, cpu_allocator
 from epl.config import Config
 from epl.ir.graph import Graph
 from epl.strategies.context import get_context, reset_context
@@ -234,6 +234,17 @@ def _hooks():
     return _HOOKS[0]
 
 
+def _prefer_bfc(cluster):
+    """TF's BFC allocator for a CPU job's tensors unless the user chose one
+    (:mod:`epl.cluster.cpu_allocator` says why); said once, when it is set."""
+    settings = cpu_allocator.prefer_bfc(cluster.device_type)
+    if settings:
+        LOG.info("EPL: TensorFlow's BFC allocator for CPU tensors (%s); set %s=0 before "
+                 "epl.init to keep TensorFlow's default (malloc)",
+                 ", ".join("%s=%s" % item for item in sorted(settings.items())),
+                 cpu_allocator.BFC_VARIABLE)
+
+
 def init(config=None, cluster=None):
     """Start EPL: validate config, discover the cluster, install TF hooks.
 
@@ -267,6 +278,7 @@ def init(config=None, cluster=None):
         cluster = env._cluster_scopes[-1][0]
     if cluster is None:
         cluster = Cluster.from_environment(config)
+    _prefer_bfc(cluster)
     reset_context()
     _start_graph_over()
     env._reset(config, cluster)

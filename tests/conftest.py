@@ -9,6 +9,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TF 2.15.1 (no graph cycle, every thread idle; with this set it trains: docs/tf2.md,
 # "Known problems"). TF reads it when it loads, so it is set before any test imports it.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+# epl.init gives CPU jobs TF's BFC allocator unless the user chose (epl.cluster.cpu_allocator);
+# TF picks its allocator at a process's first session, which in a test process may come
+# before the first epl.init. Set here, every test runs on the allocator EPL jobs run on.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
 
 
 def pytest_configure(config):

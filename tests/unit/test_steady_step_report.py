@@ -55,9 +55,12 @@ def test_rows_are_keyed_by_count_and_allocator():
     assert sorted(["4:bfc", "16", "4"], key=steady.row_order) == ["4", "4:bfc", "16"]
 
 
-def test_only_the_bfc_rows_switch_the_allocator(monkeypatch):
+def test_each_row_names_its_allocator_whatever_the_caller_set(monkeypatch):
+    """Explicitly 0 or 1: with the variable unset, epl.init would choose BFC itself."""
     monkeypatch.setenv(steady.BFC_VARIABLE, "1")  # a caller's own setting
-    assert steady.BFC_VARIABLE not in steady.child_env("malloc")
+    assert steady.child_env("malloc")[steady.BFC_VARIABLE] == "0"
+    monkeypatch.delenv(steady.BFC_VARIABLE)
+    assert steady.child_env("malloc")[steady.BFC_VARIABLE] == "0"
     assert steady.child_env("bfc")[steady.BFC_VARIABLE] == "1"
 
 

@@ -1,0 +1,56 @@
+"""benchmarks/cpu_allocator.py and its paired-steps driver (benchmarks/paired.py): the
+order of steps, the per-pair ratio BFC / malloc and what a row shows."""
+import importlib.util
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(ROOT, "benchmarks", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+paired = _load("paired")
+report = _load("cpu_allocator")
+
+
+class _Server(object):
+    def __init__(self, name, log, seconds):
+        self.name, self.log, self.seconds = name, log, list(seconds)
+
+    def step(self):
+        self.log.append(self.name)
+        return self.seconds.pop(0), 7
+
+
+def test_steps_alternate_a_b_b_a():
+    log = []
+    servers = [("malloc", _Server("A", log, [1, 2, 3])), ("bfc", _Server("B", log, [4, 5, 6]))]
+    steps, faults = paired.alternate(servers, 3)
+    assert log == ["A", "B", "B", "A", "A", "B"]
+    assert steps == dict(malloc=[1, 2, 3], bfc=[4, 5, 6])
+    assert faults == dict(malloc=[7, 7, 7], bfc=[7, 7, 7])
+
+
+def test_each_process_names_its_allocator_explicitly():
+    assert paired.allocator_env("malloc", {paired.BFC_VARIABLE: "1"})[paired.BFC_VARIABLE] == "0"
+    assert paired.allocator_env("bfc", {})[paired.BFC_VARIABLE] == "1"
+
+
+def test_a_row_gives_the_ratio_of_adjacent_steps_faults_and_peak_memory():
+    # The machine slows down for the last two pairs: each pair's ratio stays 0.8.
+    result = dict(steps=dict(malloc=[1.0, 1.0, 2.0, 2.0], bfc=[0.8, 0.8, 1.6, 1.6]),
+                  faults=dict(malloc=[90000, 91000, 92000, 93000], bfc=[0, 0, 3, 0]),
+                  load_before=[1.2, 1.0, 1.0], max_rss_mb=dict(malloc=2454.4, bfc=2065.4))
+    summary = report.summary(result)
+    assert abs(summary["ratio"] - 0.8) < 1e-9 and summary["count"] == 4
+    row = report.row("dp2", result)
+    assert row[:3] == ["dp2", "1.50", "1.20"]
+    assert row[3] == "-20% (-20% to -20%)"
+    assert row[4] == "92k / 0" and row[5] == "2454 / 2065" and row[6] == 4
