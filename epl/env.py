@@ -239,8 +239,9 @@ def _prefer_bfc(cluster):
     (:mod:`epl.cluster.cpu_allocator` says why); said once, when it is set."""
     settings = cpu_allocator.prefer_bfc(cluster.device_type)
     if settings:
-        LOG.info("EPL: TensorFlow's BFC allocator for CPU tensors (%s); set %s=0 before "
-                 "epl.init to keep TensorFlow's default (malloc)",
+        LOG.info("EPL: TensorFlow's BFC allocator for CPU tensors (%s; TensorFlow reads it at "
+                 "the process's first session); set %s=0 before epl.init to keep "
+                 "TensorFlow's default (malloc)",
                  ", ".join("%s=%s" % item for item in sorted(settings.items())),
                  cpu_allocator.BFC_VARIABLE)
 
