@@ -7,10 +7,10 @@ every page the kernel faults in again the next time: tens of thousands of page
 faults per step. TensorFlow's own best-fit allocator (BFC, ``TF_CPU_ALLOCATOR_USE_BFC=1``)
 keeps the memory it took and reuses it, with no faults. Measured on the
 12-layer encoder of ``benchmarks/rewrite_cost.py`` (paired steps, same process
-pair; ``benchmarks/cpu_allocator.py``): data parallelism on 2 devices, offload,
-gradient accumulation and pipelines take less time per step under BFC and their
-processes less peak memory; plain TF on one device is unchanged (docs/design.md,
-"TensorFlow's CPU allocator").
+pair; ``benchmarks/cpu_allocator.py``): every mode takes less time per step under
+BFC (plain TF on one device -4%, data parallelism on 2 devices -11%, with offload
+-16%, gradient accumulation -10%, pipelines -5% to -9%) and its process less peak
+memory (docs/design.md, "TensorFlow's CPU allocator").
 
 So when EPL starts on a CPU job, it asks TensorFlow for BFC, unless the user
 chose an allocator (any value of ``TF_CPU_ALLOCATOR_USE_BFC``, ``0`` keeping
