@@ -17,9 +17,11 @@ Only one process computes at a time: the other waits on its stdin, so each step
 has the machine to itself, as a user's single job would.
 
 ``--allocator`` picks TensorFlow's CPU allocator for both processes: ``malloc``
-(TF's default, glibc) or ``bfc`` (TF's own best-fit allocator,
-``TF_CPU_ALLOCATOR_USE_BFC=1``). Under glibc, the stage functions' allocation
-pattern makes its thread arenas create and drop 64 MB heaps many times per step
+(TF's default, glibc; ``TF_CPU_ALLOCATOR_USE_BFC=0``) or ``bfc`` (TF's own best-fit
+allocator, ``TF_CPU_ALLOCATOR_USE_BFC=1``, which ``epl.init`` selects for CPU jobs
+when the variable is unset: :mod:`epl.cluster.cpu_allocator`). Under glibc, the
+stage functions' allocation pattern makes its thread arenas create and drop 64 MB
+heaps many times per step
 (at m = 4 about 70 heaps per step against 4 for unrolled copies, seen with
 ``strace``), and every page of a new heap is faulted in again: the report gives
 each lowering's minor page faults per step, so that a gap that comes from the
