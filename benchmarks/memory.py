@@ -541,6 +541,7 @@ def report(args, r12, r24, info, seconds):
 
 
 def main(argv=None):
+    common.measure_tensors_not_chunks()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="12-layer runs only")
     parser.add_argument("--only", default="", help="comma-separated 12-layer runs (with "

@@ -175,6 +175,7 @@ def report(args, rows, records, memory):
 
 
 def main(argv=None):
+    common.measure_tensors_not_chunks()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--micro-batches", type=lambda t: [int(v) for v in t.split(",")],
                         default=[1, 2, 4, 8])

@@ -173,6 +173,7 @@ def best_of(repeats, config, mode, steady_steps):
 
 
 def main(argv=None):
+    common.measure_tensors_not_chunks()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="epl", choices=("epl", "plain", PLAIN_PRUNED))

@@ -322,13 +322,12 @@ def test_no_weight_bytes_resident_on_a_compute_device():
     assert weights.get(CPU1, 0) == 0
     assert weights[HOST] > 0
     # What persists on CPU:1 is small constants only (grappler may fold a few of the
-    # loss's per-example constants there: two of 32 bytes on TF 2.15), no variable; TF's
-    # BFC allocator (EPL's choice for CPU jobs) holds at least 256 bytes for each.
+    # loss's per-example constants there: two of 32 bytes on TF 2.15), no variable.
     persistent = dict((node.node_name, node.memory_stats.persistent_memory_size)
                       for dev in metadata.step_stats.dev_stats if dev.device == CPU1
                       for node in dev.node_stats if node.memory_stats.persistent_memory_size)
     assert not set(persistent) & names
-    assert all(size <= 256 for size in persistent.values()), persistent
+    assert all(size <= 64 for size in persistent.values()), persistent
     assert device_memory_stats(metadata)[CPU1].persistent_bytes == sum(persistent.values())
     ran_on = dict((node.node_name, dev.device) for dev in metadata.step_stats.dev_stats
                   for node in dev.node_stats)
