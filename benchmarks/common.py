@@ -72,12 +72,15 @@ class JobHung(BenchmarkError):
 # Worker side (no TensorFlow, no epl imports)
 # ----------------------------------------------------------------------------
 
+BFC_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"  # TF's choice of CPU allocator: 1 BFC, 0 malloc
+
+
 def measure_tensors_not_chunks():
     """Benchmarks that report memory per device from a traced step keep TensorFlow's default
     CPU allocator (malloc) in their processes unless the caller set one: under TF's BFC
     allocator, which epl.init selects for CPU jobs, a tensor's bytes are the chunk it got
     (up to about 2x, varying with the allocator's history). Their tables predate it too."""
-    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "0")
+    os.environ.setdefault(BFC_VARIABLE, "0")
 
 
 def bench_line(payload):

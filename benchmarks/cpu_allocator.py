@@ -18,6 +18,7 @@ and unrolled copies).
 Writes benchmarks/results/cpu_allocator.{json,md}.
 """
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -69,19 +70,12 @@ def measure(args, mode):
     """One process per allocator, stepped in turn; their steps, faults and peak memory."""
     env = dict(os.environ, PYTHONPATH=common.REPO, TF_CPP_MIN_LOG_LEVEL="2")
     load = common.load_average()
-    servers = []
-    try:
-        for allocator in paired.ALLOCATORS:  # one build at a time
-            argv = [sys.executable, os.path.abspath(__file__), "--child", "--mode", mode,
-                    "--warmup", str(args.warmup)]
-            servers.append((allocator, paired.StepServer(
-                argv, paired.allocator_env(allocator, env), "%s (%s)" % (mode, allocator))))
-        steps, faults = paired.alternate(servers, args.pairs)
-        for _, server in servers:
-            server.finish()
-    finally:
-        for _, server in servers:
-            server.close()
+    argv = [sys.executable, os.path.abspath(__file__), "--child", "--mode", mode,
+            "--warmup", str(args.warmup)]
+    starts = [(allocator, functools.partial(
+        paired.StepServer, argv, paired.allocator_env(allocator, env),
+        "%s (%s)" % (mode, allocator))) for allocator in paired.ALLOCATORS]
+    steps, faults, servers = paired.run_pair(starts, args.pairs)
     return dict(steps=steps, faults=faults, load_before=load,
                 max_rss_mb=dict((a, s.max_rss_mb) for a, s in servers))
 

@@ -8,8 +8,8 @@ each step of one has a step of the other right before or after it, under the sam
 machine state, and the comparison is the median of the per-pair ratios. Only one
 process computes at a time: the other waits on its stdin.
 
-Child side: :func:`serve_steps`. Driver side: :class:`StepServer` per process,
-:func:`alternate` over them. Used by ``steady_step.py`` (two pipeline lowerings)
+Child side: :func:`serve_steps`. Driver side: :func:`run_pair` (a :class:`StepServer`
+per process, :func:`alternate` over them). Used by ``steady_step.py`` (two pipeline lowerings)
 and ``cpu_allocator.py`` (two CPU allocators).
 """
 import queue
@@ -23,7 +23,7 @@ import common
 
 BUILD_TIMEOUT = 1800  # seconds for a process to build its graph and run its first steps
 STEP_TIMEOUT = 300  # seconds for one step
-BFC_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"
+BFC_VARIABLE = common.BFC_VARIABLE
 ALLOCATORS = ("malloc", "bfc")  # TF's CPU allocator: its default (glibc) or its BFC
 
 
@@ -121,6 +121,24 @@ def alternate(servers, pairs):
             steps[name].append(seconds)
             faults[name].append(step_faults)
     return steps, faults
+
+
+def run_pair(starts, pairs):
+    """``starts``: [(name, callable that starts a StepServer)] (two), started one at a
+    time (builds never overlap), stepped by :func:`alternate`, then ended. Returns
+    ({name: [step s]}, {name: [faults per step]}, [(name, ended StepServer)]); every
+    child is stopped, also when one fails."""
+    servers = []
+    try:
+        for name, start in starts:
+            servers.append((name, start()))
+        steps, faults = alternate(servers, pairs)
+        for _, server in servers:
+            server.finish()
+    finally:
+        for _, server in servers:
+            server.close()
+    return steps, faults, servers
 
 
 def quartiles(values):

@@ -40,6 +40,7 @@ m = 32 process alone takes minutes to build, so rows may be measured in separate
 runs); each row names the run it comes from.
 """
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -94,14 +95,9 @@ def step_server(args, micro_batches, lowering):
 def paired(args, micro_batches):
     """One process pair: {lowering: [step s]} for ``args.pairs`` rounds, order A B, B A, ..."""
     load = common.load_average()
-    servers = []  # (lowering, StepServer)
-    try:
-        for lowering in LOWERINGS:  # one build at a time
-            servers.append((lowering, step_server(args, micro_batches, lowering)))
-        steps, faults = pairing.alternate(servers, args.pairs)
-    finally:
-        for _, server in servers:
-            server.close()
+    steps, faults, servers = pairing.run_pair(
+        [(lowering, functools.partial(step_server, args, micro_batches, lowering))
+         for lowering in LOWERINGS], args.pairs)
     return dict(steps=steps, faults=faults, load_before=load,
                 first_step=dict((low, server.first_step) for low, server in servers))
 

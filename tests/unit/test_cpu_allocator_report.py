@@ -4,6 +4,8 @@ import importlib.util
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
@@ -26,7 +28,15 @@ class _Server(object):
 
     def step(self):
         self.log.append(self.name)
+        if not self.seconds:
+            raise RuntimeError("child %s died" % self.name)
         return self.seconds.pop(0), 7
+
+    def finish(self):
+        self.log.append("finish " + self.name)
+
+    def close(self):
+        self.log.append("close " + self.name)
 
 
 def test_steps_alternate_a_b_b_a():
@@ -54,3 +64,22 @@ def test_a_row_gives_the_ratio_of_adjacent_steps_faults_and_peak_memory():
     assert row[:3] == ["dp2", "1.50", "1.20"]
     assert row[3] == "-20% (-20% to -20%)"
     assert row[4] == "92k / 0" and row[5] == "2454 / 2065" and row[6] == 4
+
+
+def test_a_pair_is_started_one_at_a_time_stepped_ended_and_always_stopped():
+    log = []
+
+    def start(name, seconds):
+        def make():
+            log.append("start " + name)
+            return _Server(name, log, seconds)
+        return make
+
+    steps, _, servers = paired.run_pair([("a", start("A", [1, 2])), ("b", start("B", [3, 4]))], 2)
+    assert log == ["start A", "start B", "A", "B", "B", "A",
+                   "finish A", "finish B", "close A", "close B"]
+    assert steps == dict(a=[1, 2], b=[3, 4]) and [n for n, _ in servers] == ["a", "b"]
+    del log[:]
+    with pytest.raises(RuntimeError):
+        paired.run_pair([("a", start("A", [1])), ("b", start("B", []))], 2)
+    assert log[-2:] == ["close A", "close B"]  # a child that fails stops both
