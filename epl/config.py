@@ -122,6 +122,18 @@ FIELDS = (
        doc='Devices visible to the session, e.g. "0,1"; "" leaves visibility unchanged.'),
     _F("cluster", "colocate_split_and_replicate", Kind.BOOL, False,
        doc="Colocate split (model-parallel) and replicated taskgraphs on the same devices."),
+    _F("cluster", "source", Kind.STR, "auto",
+       choices=("auto", "tf_config", "slurm", "mpi", "torchrun", "local"), extension=True,
+       doc="EPL extension: where epl.init finds the job's tasks. \"auto\": TF_CONFIG if set, "
+           "else Slurm (srun), MPI or torchrun-style variables, else one local worker; sources "
+           "that disagree are an error. A name uses only that source; \"local\" ignores them "
+           "all (docs/clusters.md)."),
+    _F("cluster", "port_base", Kind.INT, 20000, minimum=1024, extension=True,
+       doc="EPL extension: lowest of the 10000 ports EPL derives when an engine names none "
+           "(Slurm tasks' servers, from SLURM_JOB_ID; a one-host MPI job's rendezvous)."),
+    _F("cluster", "rendezvous_timeout", Kind.POSITIVE_NUMBER, 300, extension=True,
+       doc="EPL extension: seconds MPI and torchrun-style tasks wait for each other at the "
+           "rendezvous where they exchange addresses, before failing with the missing ranks."),
     _F("communication", "num_communicators", Kind.INT, 2, minimum=1,
        doc="Number of communicators used concurrently for collective ops."),
     _F("communication", "sparse_as_dense", Kind.BOOL, False,

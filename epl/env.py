@@ -278,7 +278,8 @@ def init(config=None, cluster=None):
     if cluster is None and env._cluster_scopes:
         cluster = env._cluster_scopes[-1][0]
     if cluster is None:
-        cluster = Cluster.from_environment(config)
+        previous = env._cluster.discovery if env._cluster is not None else None
+        cluster = Cluster.from_environment(config, previous=previous)
     _prefer_bfc(cluster)
     reset_context()
     _start_graph_over()
@@ -288,7 +289,7 @@ def init(config=None, cluster=None):
     # collectives, fused buffers) that another worker's graph placed on it.
     from epl.communicators import library
     library.load()
-    LOG.info("EPL initialized: %r", cluster)
+    LOG.info("EPL initialized: %r; cluster from %s", cluster, cluster.discovery.detail)
     return env
 
 

@@ -73,8 +73,9 @@ _MTS = _monitored_session.MonitoredTrainingSession
 try:  # tf.estimator ships with TF 1.15 and 2.x up to 2.15; optional elsewhere
     from tensorflow_estimator.python.estimator import estimator as _estimator
     from tensorflow_estimator.python.estimator import run_config as _run_config
+    from tensorflow_estimator.python.estimator import training as _estimator_training
 except ImportError:  # pragma: no cover - TF builds without tf.estimator
-    _estimator = _run_config = None
+    _estimator = _run_config = _estimator_training = None
 
 if _estimator is not None:
     ESTIMATOR_CALL_MODEL_FN = (_estimator.Estimator, "_call_model_fn")
@@ -86,9 +87,20 @@ if _estimator is not None:
     RUN_CONFIG_INIT = (_run_config.RunConfig, "__init__")
     # Where RunConfig reads the cluster and task of TF_CONFIG (a parsed dict).
     RUN_CONFIG_CLUSTER = (_run_config.RunConfig, "_init_distributed_setting_from_environment_var")
+    # train_and_evaluate's path for a local (non-distributed) RunConfig: train, and
+    # evaluate after each checkpoint. Its ``_train_spec``/``_train_hooks``/``_estimator``
+    # are what a training-only task needs (:func:`train_and_evaluate_parts`).
+    TRAINING_EXECUTOR_RUN_LOCAL = (_estimator_training._TrainingExecutor, "run_local")
 else:  # pragma: no cover
     ESTIMATOR_CALL_MODEL_FN = ESTIMATOR_TRAIN = RUN_CONFIG_INIT = RUN_CONFIG_CLUSTER = None
+    TRAINING_EXECUTOR_RUN_LOCAL = None
     ESTIMATOR_EVAL_SUMMARIES = []
+
+
+def train_and_evaluate_parts(executor):
+    """``(estimator, train_spec, extra train hooks)`` of a train_and_evaluate executor."""
+    # pylint: disable=protected-access
+    return executor._estimator, executor._train_spec, list(executor._train_hooks)
 
 
 def monitored_training_session_targets():

@@ -27,9 +27,13 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def _epl_clean_state(monkeypatch):
-    """Each test starts without EPL env overrides and ends with hooks removed."""
+    """Each test starts without EPL env overrides or a cluster engine's variables (a
+    suite run inside srun or mpirun must not make epl.init join that job), and ends
+    with hooks removed."""
+    from epl.cluster.discovery import engine_variables
+    engine = set(engine_variables(os.environ))
     for name in list(os.environ):
-        if name.startswith("EPL_") or name == "TF_CONFIG":
+        if name.startswith("EPL_") or name in engine:
             monkeypatch.delenv(name, raising=False)
     # A hang in a test should fail well inside pytest-timeout's limit.
     monkeypatch.setenv("EPL_COMMUNICATION_TIMEOUT", "90")

@@ -20,10 +20,11 @@ Example::
     (4, '/job:worker/replica:0/task:1/device:CPU:0')
 """
 import collections
-import json
 import os
 
 from epl.checks import check_count, is_integer
+from epl.cluster import discovery as _discovery, tf_config as _tf_config
+from epl.cluster.common import ClusterError  # noqa: F401  (re-exported)
 from epl.cluster.layout import LayoutError  # noqa: F401  (re-exported)
 
 VIRTUAL_DEVICES_ENV = "EPL_NUM_VIRTUAL_DEVICES"
@@ -36,44 +37,18 @@ WORKER_JOB = "worker"
 _ENV_HOOKS = []
 
 
-class ClusterError(ValueError, RuntimeError):
-    """TF_CONFIG or device settings that EPL cannot use.
-
-    Also a ``RuntimeError``, which the original EPL raised for them, so code that
-    catches either keeps working."""
-
-
 def parse_tf_config(text):
-    """Return ``(hosts, index)`` of this task from a TF_CONFIG JSON string.
+    """Return ``(hosts, index)`` of this training task from a TF_CONFIG JSON string.
 
-    Chief hosts come first (the chief is worker 0), then workers, then ps
-    hosts, which EPL treats as ordinary workers: EPL keeps variables on the
-    workers, so a parameter-server task is just one more device holder.
+    Chief (or master) hosts come first (the chief is worker 0), then workers,
+    then ps hosts, which EPL treats as ordinary workers (see
+    :mod:`epl.cluster.tf_config`, which also reads evaluators and sparse jobs).
     """
-    try:
-        spec = json.loads(text)
-    except ValueError as err:
-        raise ClusterError("TF_CONFIG is not valid JSON (%s): %r" % (err, text[:200]))
-    cluster = spec.get("cluster") or {}
-    task = spec.get("task") or {}
-    groups = [(job, list(cluster.get(job) or [])) for job in ("chief", "worker", "ps")]
-    unknown = sorted(set(cluster) - {"chief", "worker", "ps", "evaluator"})
-    if unknown:
-        raise ClusterError("TF_CONFIG has unsupported job(s) %s; allowed: chief, worker, ps"
-                           % unknown)
-    hosts = [h for _, group in groups for h in group]
-    if not hosts:
-        raise ClusterError("TF_CONFIG has no chief/worker/ps hosts: %r" % text[:200])
-    task_type, task_index = task.get("type", "worker"), int(task.get("index", 0))
-    offset = 0
-    for job, group in groups:
-        if job == task_type:
-            if not 0 <= task_index < len(group):
-                raise ClusterError("TF_CONFIG task %s:%d does not exist; the %s job has %d "
-                                   "host(s)" % (task_type, task_index, job, len(group)))
-            return hosts, offset + task_index
-        offset += len(group)
-    raise ClusterError("TF_CONFIG task type %r is not one of chief, worker, ps" % task_type)
+    spec = _tf_config.parse(text)
+    if spec.index is None:
+        raise ClusterError("TF_CONFIG task %s:%d is not part of the training cluster"
+                           % (spec.task_type, spec.task_index))
+    return list(spec.hosts), spec.index
 
 
 def virtual_device_count(environ):
@@ -208,11 +183,13 @@ class Cluster(object):
 
     def __init__(self, worker_hosts=None, worker_index=None, devices_per_worker=None,
                  device_type=None, run_visible_devices="", ps_hosts=None, job_name=None,
-                 layout=None, environ=None):
+                 layout=None, environ=None, discovery=None):
         _check_layout(layout)
-        if worker_hosts is None and ps_hosts is None:
-            worker_hosts, worker_index = _hosts_from_tf_config(
-                os.environ if environ is None else environ, worker_index, job_name)
+        if discovery is None and worker_hosts is None and ps_hosts is None:
+            discovery = _discover_bare(os.environ if environ is None else environ,
+                                       worker_index, job_name)
+        if discovery is not None and discovery.hosts is not None:
+            worker_hosts, worker_index, job_name = list(discovery.hosts), discovery.index, None
         worker_index = 0 if worker_index is None else worker_index
         self._distributed = worker_hosts is not None or ps_hosts is not None
         workers, ps = _host_list(worker_hosts, "worker_hosts"), _host_list(ps_hosts, "ps_hosts")
@@ -233,14 +210,23 @@ class Cluster(object):
         self._devices_per_worker = int(devices_per_worker)
         self._device_type = device_type or "CPU"
         self._run_visible_devices = "".join((run_visible_devices or "").split())
+        self._discovery = discovery or _discovery.explicit(
+            self._hosts if self._distributed else None, self._worker_index)
 
     @classmethod
-    def from_environment(cls, config, environ=None):
-        """Build from TF_CONFIG (if set), visible GPUs or EPL_NUM_VIRTUAL_DEVICES."""
+    def from_environment(cls, config, environ=None, previous=None):
+        """Build from the engine that started this process (TF_CONFIG, Slurm, MPI or
+        torchrun-style variables: :mod:`epl.cluster.discovery`), with its devices
+        (visible GPUs or EPL_NUM_VIRTUAL_DEVICES). ``previous``: the Discovery of an
+        earlier ``epl.init`` in this process, reused rather than meeting the other
+        tasks at a rendezvous again."""
         environ = os.environ if environ is None else environ
+        found = _discovery.discover(environ, _discovery.options(config), os.getppid(),
+                                    previous)
         visible = config.cluster.run_visible_devices if config is not None else ""
+        visible = visible or found.visible_devices
         count, device_type = local_devices(visible, environ)
-        return cls(None, None, count, device_type, visible, environ=environ)
+        return cls(None, None, count, device_type, visible, environ=environ, discovery=found)
 
     # ---- seed attributes -------------------------------------------------
     @property
@@ -320,6 +306,19 @@ class Cluster(object):
         return self._device_type
 
     @property
+    def discovery(self):
+        """Where the workers came from (:class:`epl.cluster.discovery.Discovery`):
+        ``source``, ``detail`` (what was read), ``task_type``."""
+        return self._discovery
+
+    @property
+    def task_type(self):
+        """This task as its engine named it: "chief", "master", "worker", "ps", or
+        "evaluator" (a TF_CONFIG task outside the training cluster, one local worker
+        that evaluates checkpoints)."""
+        return self._discovery.task_type
+
+    @property
     def hosts(self):
         return list(self._hosts)
 
@@ -369,27 +368,29 @@ class Cluster(object):
 
     def _key(self):
         return (self._distributed, tuple(self._hosts), self._worker_index,
-                self._devices_per_worker, self._device_type, self._run_visible_devices)
+                self._devices_per_worker, self._device_type, self._run_visible_devices,
+                self.task_type)
 
     def __repr__(self):
-        return ("Cluster(workers=%d, worker_index=%d, %d %s device(s) per worker%s)"
+        return ("Cluster(workers=%d, worker_index=%d, %d %s device(s) per worker%s%s)"
                 % (self.worker_num, self._worker_index, self._devices_per_worker,
-                   self._device_type, ", hosts=%s" % self._hosts if self._distributed else ""))
+                   self._device_type, ", hosts=%s" % self._hosts if self._distributed else "",
+                   ", evaluator" if self.task_type == _tf_config.EVALUATOR else ""))
 
 
-def _hosts_from_tf_config(environ, worker_index, job_name):
-    """(hosts, index) from TF_CONFIG for a Cluster made without hosts, or (None,
-    worker_index) when TF_CONFIG is unset. An explicit index or job that TF_CONFIG
-    contradicts is refused rather than silently replaced."""
-    text = environ.get("TF_CONFIG", "").strip()
-    if not text:
-        return None, worker_index
-    hosts, index = parse_tf_config(text)
-    if (worker_index is not None and worker_index != index) or job_name not in (None, "worker"):
-        raise ClusterError("Cluster(worker_index=%r, job_name=%r) without hosts: TF_CONFIG "
-                           "says this is worker %d of %s. Pass worker_hosts too, or drop "
-                           "worker_index/job_name" % (worker_index, job_name, index, hosts))
-    return hosts, index
+def _discover_bare(environ, worker_index, job_name):
+    """The Discovery of a Cluster made without hosts: the engine's cluster, as in
+    ``epl.init()`` (config keys from EPL_CLUSTER_* variables). An explicit index or
+    job that the engine contradicts is refused rather than silently replaced."""
+    found = _discovery.discover(environ, _discovery.options(), os.getppid())
+    if found.hosts is not None and (
+            (worker_index is not None and worker_index != found.index) or
+            job_name not in (None, "worker")):
+        raise ClusterError("Cluster(worker_index=%r, job_name=%r) without hosts: %s says "
+                           "this is worker %d of %s. Pass worker_hosts too, or drop "
+                           "worker_index/job_name" % (worker_index, job_name, found.source,
+                                                      found.index, list(found.hosts)))
+    return found
 
 
 def _host_list(hosts, what):

@@ -16,6 +16,14 @@
   on the other workers returns only once worker 0's checkpoint of the last
   step is in ``model_dir`` (a shared directory, as TF's own distributed
   Estimator assumes).
+* **An evaluator task evaluates.** A TF_CONFIG task of type ``evaluator`` (Kubeflow
+  TFJob's layout for ``train_and_evaluate``) is not part of the training cluster:
+  EPL gives it one local worker, and its RunConfig sees the evaluator task, so
+  ``train_and_evaluate`` there evaluates each new checkpoint in ``model_dir``
+  until the last. With a ``chief`` job in TF_CONFIG, the training tasks keep
+  TensorFlow's distributed roles: ``train_and_evaluate`` on the chief only trains,
+  as TensorFlow's ``run_chief`` does (the evaluator task evaluates); a ``master``
+  trains and evaluates (``run_master``), as worker 0 of an epl-launch job does.
 * **Foreign distribution.** A ``train_distribute``/``eval_distribute`` strategy
   is refused on several workers (each worker would train its own model); on
   one worker EPL stands aside (see :mod:`epl.parallel.step_check`).
@@ -27,6 +35,7 @@ import time
 import weakref
 
 from epl import tf_adapter
+from epl.cluster import tf_config as tf_config_spec
 from epl.protocols.hooks import Patch
 from epl.session import roles
 
@@ -61,15 +70,33 @@ def _wrap_call_model_fn(original):
     return _call_model_fn
 
 
-def _wrap_cluster_setting(original):
+def _wrap_cluster_setting(original, provider):
     @functools.wraps(original)
     def init_distributed_setting(self, tf_config):
         tf_config = dict(tf_config or {})
+        if provider().cluster.task_type == tf_config_spec.EVALUATOR and tf_config:
+            return original(self, tf_config_spec.evaluator_view(tf_config))
         if any(key in tf_config for key in _HIDDEN_KEYS):
             LOG.debug("EPL: the Estimator sees a local job; EPL runs the TF_CONFIG cluster")
         return original(self, dict((k, v) for k, v in tf_config.items()
                                    if k not in _HIDDEN_KEYS))
     return init_distributed_setting
+
+
+def _wrap_run_local(original, provider):
+    """On a chief (a TF_CONFIG with a ``chief`` job), train_and_evaluate only trains:
+    TensorFlow's chief leaves evaluation to the evaluator task."""
+    @functools.wraps(original)
+    def run_local(self):
+        if provider().cluster.task_type != tf_config_spec.CHIEF:
+            return original(self)
+        estimator, spec, hooks = tf_adapter.train_and_evaluate_parts(self)
+        LOG.info("EPL: train_and_evaluate on the chief trains only; TF_CONFIG's evaluator "
+                 "task evaluates the checkpoints (TensorFlow's distributed roles)")
+        estimator.train(input_fn=spec.input_fn, max_steps=spec.max_steps,
+                        hooks=list(spec.hooks) + hooks)
+        return None, []
+    return run_local
 
 
 def _wrap_run_config_init(original, provider):
@@ -181,7 +208,8 @@ def patches(provider):
         Patch("estimator", tf_adapter.ESTIMATOR_CALL_MODEL_FN, _wrap_call_model_fn),
         Patch("estimator", tf_adapter.ESTIMATOR_TRAIN, bind(_wrap_train)),
         Patch("estimator", tf_adapter.RUN_CONFIG_INIT, bind(_wrap_run_config_init)),
-        Patch("estimator", tf_adapter.RUN_CONFIG_CLUSTER, _wrap_cluster_setting),
+        Patch("estimator", tf_adapter.RUN_CONFIG_CLUSTER, bind(_wrap_cluster_setting)),
+        Patch("estimator", tf_adapter.TRAINING_EXECUTOR_RUN_LOCAL, bind(_wrap_run_local)),
     ]
     for target in tf_adapter.ESTIMATOR_EVAL_SUMMARIES:
         result.append(Patch("estimator", target, bind(_wrap_eval_summary)))

@@ -23,6 +23,9 @@ EXPECTED_DEFAULTS = {
     "cluster.device_place_prefer_intra_node": True,
     "cluster.run_visible_devices": "",
     "cluster.colocate_split_and_replicate": False,
+    "cluster.source": "auto",
+    "cluster.port_base": 20000,
+    "cluster.rendezvous_timeout": 300,
     "communication.num_communicators": 2,
     "communication.sparse_as_dense": False,
     "communication.max_splits": 5,
@@ -37,12 +40,15 @@ EXPECTED_DEFAULTS = {
     "auto.auto_parallel": False,
 }
 KEYS = list(EXPECTED_DEFAULTS)
-EXTENSION_KEYS = ["pipeline.micro_batching", "communication.timeout"]
+EXTENSION_KEYS = ["pipeline.micro_batching", "cluster.source", "cluster.port_base",
+                  "cluster.rendezvous_timeout", "communication.timeout"]
 BOOL_KEYS = [k for k, v in EXPECTED_DEFAULTS.items() if isinstance(v, bool)]
 COUNT_KEYS = ["pipeline.num_micro_batch", "optimizer.num_apply_group",
               "communication.num_communicators", "communication.max_splits"]
-INT_KEYS = COUNT_KEYS + ["pipeline.num_stages", "gradient_checkpoint.end_taskgraph"]
-NUMBER_KEYS = ["amp.loss_scale", "communication.fp16_scale", "communication.timeout"]
+INT_KEYS = COUNT_KEYS + ["pipeline.num_stages", "gradient_checkpoint.end_taskgraph",
+                         "cluster.port_base"]
+NUMBER_KEYS = ["amp.loss_scale", "communication.fp16_scale", "cluster.rendezvous_timeout",
+               "communication.timeout"]
 
 # A valid, non-default value for every key, as it would appear in param_dict.
 OVERRIDES = {
@@ -62,6 +68,9 @@ OVERRIDES = {
     "cluster.device_place_prefer_intra_node": False,
     "cluster.run_visible_devices": "0,1",
     "cluster.colocate_split_and_replicate": True,
+    "cluster.source": "slurm",
+    "cluster.port_base": 30000,
+    "cluster.rendezvous_timeout": 60,
     "communication.num_communicators": 1,
     "communication.sparse_as_dense": True,
     "communication.max_splits": 7,
@@ -97,6 +106,9 @@ ENV_OVERRIDES = {
     "cluster.run_visible_devices": ("EPL_CLUSTER_RUN_VISIBLE_DEVICES", "2,3", "2,3"),
     "cluster.colocate_split_and_replicate": ("EPL_CLUSTER_COLOCATE_SPLIT_AND_REPLICATE",
                                              "YES", True),
+    "cluster.source": ("EPL_CLUSTER_SOURCE", "Local", "local"),
+    "cluster.port_base": ("EPL_CLUSTER_PORT_BASE", "41000", 41000),
+    "cluster.rendezvous_timeout": ("EPL_CLUSTER_RENDEZVOUS_TIMEOUT", "12.5", 12.5),
     "communication.num_communicators": ("EPL_COMMUNICATION_NUM_COMMUNICATORS", "3", 3),
     "communication.sparse_as_dense": ("EPL_COMMUNICATION_SPARSE_AS_DENSE", "True", True),
     "communication.max_splits": ("EPL_COMMUNICATION_MAX_SPLITS", "9", 9),
@@ -130,6 +142,9 @@ BAD_TYPES = {
     "cluster.device_place_prefer_intra_node": (None, "bool"),
     "cluster.run_visible_devices": ([0, 1], "str"),
     "cluster.colocate_split_and_replicate": ("false", "bool"),
+    "cluster.source": (["slurm"], "str"),
+    "cluster.port_base": ("20000", "int"),
+    "cluster.rendezvous_timeout": ("300", "int or float"),
     "communication.num_communicators": (True, "int"),
     "communication.sparse_as_dense": (0, "bool"),
     "communication.max_splits": ("5", "int"),
@@ -159,6 +174,9 @@ BAD_VALUES = {
     "amp.loss_scale": ("static", "'dynamic' or a number > 0"),
     "optimizer.num_apply_group": (-1, ">= 1"),
     "cluster.run_visible_devices": ("0;1", "comma-separated"),
+    "cluster.source": ("kubernetes", "'auto', 'tf_config', 'slurm', 'mpi', 'torchrun', 'local'"),
+    "cluster.port_base": (80, ">= 1024"),
+    "cluster.rendezvous_timeout": (0, "a number > 0"),
     "communication.num_communicators": (0, ">= 1"),
     "communication.max_splits": (-5, ">= 1"),
     "communication.fp16_scale": (0, "a number > 0"),
@@ -181,6 +199,9 @@ BAD_ENV.update({
     "amp.loss_scale": ("-8", "'dynamic' or a number > 0"),
     "optimizer.num_apply_group": ("", "an integer >= 1"),
     "cluster.run_visible_devices": ("gpu0", "comma-separated"),
+    "cluster.source": ("ray", "'torchrun', 'local'"),
+    "cluster.port_base": ("high", "an integer >= 1024"),
+    "cluster.rendezvous_timeout": ("never", "a number > 0"),
     "communication.num_communicators": ("0", "an integer >= 1"),
     "communication.max_splits": ("many", "an integer >= 1"),
     "communication.fp16_scale": ("nan", "a number > 0"),
