@@ -97,3 +97,110 @@ def test_engine_matches_epl_launch(tmp_path, tmp_path_factory, engine, layout):
             diff = max_diff(copies, list(weights[worker][key]))
             print("ENGINE_TABLE %s %dx%d %s %.3g" % (engine, workers, devices, key, diff))
             assert diff <= TOLERANCE, (engine, worker, key)
+
+
+# ------------------------------------------------------------------------- the evaluator
+def _eval_events(model_dir):
+    """{global step: loss} of the evaluation summaries in ``model_dir``/eval."""
+    import tensorflow.compat.v1 as tf
+    found = {}
+    folder = os.path.join(model_dir, "eval")
+    for name in sorted(os.listdir(folder)):
+        for event in tf.train.summary_iterator(os.path.join(folder, name)):
+            for value in event.summary.value:
+                if value.tag == "loss":
+                    found[int(event.step)] = float(value.simple_value)
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_tfjob_evaluator_evaluates_what_chief_and_worker_train(tmp_path):
+    """TFJob's layout for train_and_evaluate: the chief and the worker train under EPL
+    (2 x 2 devices, data parallel), the evaluator task, outside the training cluster,
+    evaluates their checkpoints until the last one; the chief does not evaluate."""
+    import sys
+    import tensorflow.compat.v1 as tf
+    import epl
+    sys.path.insert(0, os.path.join(HERE, "scripts"))
+    from estimator_model import (checkpoint_weights, input_fn, make_model_fn,
+                                 max_weight_diff, run_config, serial_estimator_train)
+    devices = 2
+    envs = tfjob_envs(["127.0.0.1:%d" % free_port() for _ in range(WORKERS)], evaluator=True)
+    for env in envs:
+        env["EPL_NUM_VIRTUAL_DEVICES"] = str(devices)
+    script = os.path.join(HERE, "scripts", "estimator_tae.py")
+    results = run_tasks(python(script) + [str(tmp_path), str(STEPS), str(BATCH)], envs,
+                        timeout=240)
+    assert all(code == 0 for code, _ in results), describe(results)
+    chief, evaluator = (json.load(open(str(tmp_path / (n + ".json"))))
+                        for n in ("chief", "evaluator"))
+    assert chief["metrics"] is None and chief["workers"] == WORKERS   # the chief only trains
+    assert "trains only" in results[0][1]
+    assert evaluator["run_config_task"] == ["evaluator", 0] and not evaluator["distributed"]
+    assert "not part of the training cluster" in results[2][1]
+    model_dir = str(tmp_path / "model")
+    global_batch = WORKERS * devices * BATCH
+    x, y = make_data(global_batch * STEPS)
+    reference = serial_estimator_train(x, y, global_batch, STEPS, tmp_path / "serial")
+    trained = checkpoint_weights(model_dir)
+    assert trained["global_step"] == STEPS
+    assert max_weight_diff(reference, trained) < 1e-5
+    losses = _eval_events(model_dir)
+    print("EVALUATOR evaluated steps %s: %s" % (sorted(losses), losses))
+    with epl.paused():   # the final checkpoint evaluated by plain TensorFlow
+        plain = tf.estimator.Estimator(make_model_fn(), config=run_config(model_dir))
+        expected = plain.evaluate(input_fn(*make_data(16, seed=7), batch=8), steps=2,
+                                  name="plain")
+    assert max(losses) == STEPS
+    assert losses[STEPS] == pytest.approx(expected["loss"], abs=1e-6)
+
+
+# ------------------------------------------------------------------------- bad inputs
+def _slurm_task(**changes):
+    env = slurm_envs("node[01-02]", ["node01", "node02"], 1, 4242)[1]
+    env.update(changes)
+    return env
+
+
+BAD_JOBS = {
+    # what the engine gave, the message every task must print, how many tasks there are
+    "unparsable hostlist": ([_slurm_task(SLURM_STEP_NODELIST="node[01-02",
+                                         SLURM_JOB_NODELIST="node[01-02")],
+                            [r"SLURM_STEP_NODELIST 'node\[01-02': '\[' without '\]'"]),
+    "slurm rank outside the world": ([_slurm_task(SLURM_PROCID="2")],
+                                     [r"SLURM_PROCID=2 is outside the step's 2 task\(s\)"]),
+    "torchrun rank outside the world": (
+        [dict(torchrun_envs(2, ("127.0.0.1", 1))[1], RANK="5")],
+        [r"RANK=5 is outside the world of WORLD_SIZE=2 ranks"]),
+    "missing rank at the rendezvous": (
+        "torchrun-3", [r"rank\(s\) \[2\] of 3 never arrived within 5 s"] * 2),
+    "slurm batch script outside srun": (
+        [{"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_PROCID": "0",
+          "SLURM_JOB_NODELIST": "node[01-04]"}],
+        [r"SLURM_NTASKS=4 tasks but was not started by srun"]),
+    "sources that disagree": (
+        [dict(_slurm_task(), TF_CONFIG=json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                                                   "task": {"type": "worker", "index": 0}}))],
+        [r"Two cluster sources disagree about this process: TF_CONFIG says rank 0 of 2.*"
+         r"Slurm says rank 1 of 2"]),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", sorted(BAD_JOBS))
+def test_a_job_that_cannot_be_joined_fails_in_epl_init(tmp_path, case):
+    """Every task of a job EPL cannot form exits non-zero at epl.init with a message that
+    names the problem, before training anything (no weights are written)."""
+    import re
+    envs, patterns = BAD_JOBS[case]
+    if envs == "torchrun-3":   # ranks 0 and 1 of 3 come; rank 2 never does
+        envs = torchrun_envs(3, ("127.0.0.1", free_port()))[:2]
+        for env in envs:
+            env["EPL_CLUSTER_RENDEZVOUS_TIMEOUT"] = "5"
+    results = run_tasks(python(SCRIPT) + [str(tmp_path), str(STEPS), str(BATCH)], envs,
+                        timeout=90)
+    for (code, output), pattern in zip(results, patterns):
+        assert code not in (0, None), describe(results)
+        assert re.search(r"(Cluster|Hostlist|Rendezvous)Error", output), output[-2000:]
+        assert re.search(pattern, output), (pattern, output[-2000:])
+    assert not [name for name in os.listdir(str(tmp_path)) if name.endswith(".npz")]

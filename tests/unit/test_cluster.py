@@ -31,8 +31,9 @@ def test_ps_hosts_are_workers_after_the_others():
     ("not json", "not valid JSON"),
     (tf_config({"worker": ["a:1"]}, "worker", 3), "worker:3 does not exist"),
     (tf_config({"worker": ["a:1"]}, "driver", 0), "'driver' is not one of"),
-    (tf_config({"master": ["a:1"]}), "unsupported job"),
-    (tf_config({}), "no chief/worker/ps"),
+    (tf_config({"driver": ["a:1"]}), "unsupported job"),
+    (tf_config({}), "no chief/master/worker/ps"),
+    (tf_config({"worker": ["a:1"]}, "evaluator", 0), "not part of the training cluster"),
 ])
 def test_bad_tf_config(text, match):
     with pytest.raises(ClusterError, match=match):
@@ -75,3 +76,48 @@ def test_explicit_cluster_validation():
     with pytest.raises(ClusterError, match="device_type"):
         Cluster(device_type="TPU")
     assert Cluster(["a:1"], 0, 2) == Cluster(["a:1"], 0, 2)
+
+
+SLURM_TASK_1 = {"SLURM_JOB_ID": "10", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1",
+                "SLURM_NTASKS": "2", "SLURM_STEP_NODELIST": "node[01-02]",
+                "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_NODEID": "1",
+                "SLURM_LOCALID": "0", "EPL_NUM_VIRTUAL_DEVICES": "2"}
+
+
+def test_from_environment_with_slurm_variables():
+    cluster = Cluster.from_environment(Config(), SLURM_TASK_1)
+    assert cluster.hosts == ["node01:20010", "node02:20010"] and cluster.worker_index == 1
+    assert cluster.distributed and cluster.total_gpu_num == 4
+    assert cluster.discovery.source == "Slurm" and cluster.task_type == "worker"
+    ported = Cluster.from_environment(Config({"cluster.port_base": 40000}), SLURM_TASK_1)
+    assert ported.hosts == ["node01:40010", "node02:40010"]
+
+
+def test_slurm_gpu_share_becomes_the_visible_devices(monkeypatch):
+    """Four tasks per node that each see the node's four GPUs take one each."""
+    import epl.cluster as cluster_module
+    monkeypatch.setattr(cluster_module, "_physical_gpu_count", lambda: 4)
+    env = dict(SLURM_TASK_1, SLURM_NTASKS="4", SLURM_PROCID="3", SLURM_LOCALID="3",
+               SLURM_NODEID="0", SLURM_STEP_NODELIST="node01", SLURM_STEP_TASKS_PER_NODE="4",
+               CUDA_VISIBLE_DEVICES="0,1,2,3")
+    cluster = Cluster.from_environment(Config(), env)
+    assert (cluster.run_visible_devices, cluster.gpu_num_per_worker) == ("3", 1)
+    chosen = Cluster.from_environment(Config({"cluster.run_visible_devices": "0,1"}), env)
+    assert chosen.run_visible_devices == "0,1"     # the user's own choice wins
+
+
+def test_an_evaluator_task_is_a_local_cluster():
+    env = {"TF_CONFIG": tf_config({"chief": ["c:1"], "worker": ["w:1"]}, "evaluator", 0)}
+    cluster = Cluster.from_environment(Config(), env)
+    assert not cluster.distributed and cluster.worker_num == 1
+    assert cluster.task_type == "evaluator" and "evaluator" in repr(cluster)
+    assert cluster != Cluster.from_environment(Config(), {})
+
+
+def test_a_bare_cluster_follows_the_engine_too(monkeypatch):
+    for name, value in SLURM_TASK_1.items():
+        monkeypatch.setenv(name, value)
+    assert Cluster(devices_per_worker=1).hosts == ["node01:20010", "node02:20010"]
+    with pytest.raises(ClusterError, match="Slurm says this is worker 1"):
+        Cluster(devices_per_worker=1, worker_index=0)
+    assert Cluster(["x:1"], devices_per_worker=1).discovery.source == "explicit"
