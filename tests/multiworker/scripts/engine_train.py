@@ -52,8 +52,10 @@ def main(out_dir, steps, batch):
     found = cluster.discovery
     report = {"source": found.source, "detail": found.detail, "hosts": cluster.hosts,
               "index": index, "hostname": socket.gethostname(),
-              "ring": dict((op.name, int(state)) for op, state in zip(connects, states)),
-              "ring_ranks": dict((op.name, op.get_attr("rank")) for op in connects)}
+              "ring": [{"communicator": op.get_attr("communicator").decode(),
+                        "rank": op.get_attr("rank"), "state": int(state),
+                        "worker": tf.DeviceSpec.from_string(op.device).task}
+                       for op, state in zip(connects, states)]}
     with open(os.path.join(out_dir, "worker_%d.json" % index), "w") as out:
         json.dump(report, out)
     print("worker %d done" % index)
