@@ -200,7 +200,7 @@ def test_a_job_that_cannot_be_joined_fails_in_epl_init(tmp_path, case):
     results = run_tasks(python(SCRIPT) + [str(tmp_path), str(STEPS), str(BATCH)], envs,
                         timeout=90)
     for (code, output), pattern in zip(results, patterns):
-        assert code not in (0, None), describe(results)
+        assert code == 1, describe(results)   # an uncaught error: permanent for engines
         assert re.search(r"(Cluster|Hostlist|Rendezvous)Error", output), output[-2000:]
         assert re.search(pattern, output), (pattern, output[-2000:])
     assert not [name for name in os.listdir(str(tmp_path)) if name.endswith(".npz")]
