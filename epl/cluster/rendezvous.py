@@ -29,6 +29,7 @@ from epl.cluster.common import ClusterError
 
 TAG = "epl-rendezvous/1"
 RETRY_SECONDS = 0.2
+ANSWER_GRACE = 5.0   # seconds a connected rank waits past rank 0's own timeout
 MAX_LINE = 1 << 16
 
 
@@ -83,6 +84,7 @@ def _serve(address, size, port, token, timeout):
         own = next(iter(arrived.values()))[0].getsockname()[0]
         hosts = ["%s:%d" % (own, port)] + ["%s:%d" % arrived[r][1:] for r in range(1, size)]
         _answer_all(arrived, {"hosts": hosts})
+        _refuse_latecomers(listener, arrived, size, token)
         return hosts
     finally:
         for connection, _, _ in arrived.values():
@@ -107,6 +109,21 @@ def _accept_one(listener, arrived, size, token, deadline):
         connection.close()
         return
     arrived[hello["rank"]] = (connection, peer[0], int(hello["port"]))
+
+
+def _refuse_latecomers(listener, arrived, size, token):
+    """Answer connections already waiting when the job is complete (a duplicate rank, a
+    rank outside the world) with why, instead of a reset when the listener closes."""
+    while select.select([listener], [], [], 0)[0]:
+        connection, _ = listener.accept()
+        try:
+            hello = json.loads(_read_line(connection, time.time() + 1))
+            _send(connection, {"error": _check_hello(hello, arrived, size, token) or
+                               "all %d ranks have arrived already" % size})
+        except (ValueError, OSError):
+            pass
+        finally:
+            connection.close()
 
 
 def _check_hello(hello, arrived, size, token):
@@ -143,10 +160,14 @@ def _join(address, rank, size, port, token, timeout):
             "EPL rendezvous: rank %d could not reach rank 0 at %s within %s s. Is rank 0 "
             "running, and are MASTER_ADDR/MASTER_PORT rank 0's host and port?"
             % (rank, where, timeout))
+    # Rank 0 answers within ``timeout`` of its own start, which came before this
+    # connection: waiting that long from now (and a little more) always hears its
+    # answer, or its list of the ranks that never came.
+    answer_deadline = time.time() + timeout + ANSWER_GRACE
     try:
         _send(connection, {"tag": TAG, "token": token, "rank": rank, "size": size,
                            "port": port})
-        line = _read_line(connection, deadline)
+        line = _read_line(connection, answer_deadline)
     except socket.timeout:
         raise RendezvousError("EPL rendezvous at %s: rank 0 did not answer rank %d within %s s"
                               % (where, rank, timeout))

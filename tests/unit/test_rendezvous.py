@@ -53,6 +53,14 @@ def test_ranks_that_never_arrive_are_named_on_every_rank_that_did():
 
 
 @pytest.mark.timeout(60)
+def test_a_rank_that_came_before_rank_zero_still_hears_who_is_missing():
+    """Rank 0 starts its clock late; a rank waiting on it must not give up first."""
+    results = _meet([0, 1], 3, timeout=3, delays={0: 2.0})
+    assert "rank(s) [2] of 3 never arrived within 3 s" in str(results[1])
+    assert "rank 0 answered" in str(results[1])
+
+
+@pytest.mark.timeout(60)
 def test_rank_zero_that_never_comes_is_named():
     address = ("127.0.0.1", free_port())
     results = _meet([1], 2, timeout=1, address=address)
@@ -66,18 +74,22 @@ def test_a_rank_outside_the_world_and_a_duplicate_are_refused():
     address = ("127.0.0.1", free_port())
     results = {}
 
-    def bad(rank, key):
+    def bad(rank, key, timeout=5):
         try:
-            exchange(address, rank, 2, 1, "torchrun/2", 5)
+            exchange(address, rank, 2, 1, "torchrun/2", timeout)
         except RendezvousError as err:
             results[key] = str(err)
 
-    outside = threading.Thread(target=bad, args=(7, "outside"))
-    outside.start()
-    good = _meet([0, 1], 2, address=address, delays={0: 0.5, 1: 0.2})
-    outside.join(10)
+    threads = [threading.Thread(target=bad, args=(7, "outside")),
+               threading.Thread(target=bad, args=(1, "late duplicate", 1))]
+    threads[0].start()                     # before the job is complete
+    good = _meet([0, 1], 2, address=address, delays={0: 0.2, 1: 1.5})
+    threads[1].start()                     # after it: rank 0's listener is closed
+    for thread in threads:
+        thread.join(15)
     assert good[0] == good[1] and len(good[0]) == 2
     assert "rank 7 is outside the world of 2 ranks" in results["outside"]
+    assert "could not reach rank 0" in results["late duplicate"]
 
 
 @pytest.mark.timeout(60)
