@@ -201,18 +201,34 @@ def all_copy_values(sess, var_names):
     return dict(zip(names, sess.run([_copy_reads(sess, name) for name in names])))
 
 
-def train_and_save_copies(train, steps, out_dir, worker):
+def this_workers_rows(batch, steps):
+    """``(x, y)``: the rows this worker (of the current Env's cluster) reads so that step
+    s covers global batch s of ``workers x devices x batch`` rows (:func:`worker_rows`)."""
+    cluster = epl.Env.get().cluster
+    workers, devices = cluster.worker_num, cluster.gpu_num_per_worker
+    x, y = make_data(workers * devices * batch * steps)
+    return tuple(worker_rows(rows, steps, workers, devices * batch, cluster.worker_index)
+                 for rows in (x, y))
+
+
+def train_and_save_copies(train, steps, out_dir, worker, after=None):
     """Run ``train`` ``steps`` times in a MonitoredTrainingSession, then save every
     local copy of each trainable variable to ``out_dir/worker_<worker>.npz``
-    (keys: variable names with "/" as "__"), for launcher tests to compare."""
+    (keys: variable names with "/" as "__"), for launcher tests to compare.
+    ``after(session)``, if given, runs on the raw session after training; its result
+    is returned."""
+    result = None
     with tf.train.MonitoredTrainingSession() as sess:
         for _ in range(steps):
             sess.run(train)
         raw = sess._tf_sess()  # pylint: disable=protected-access
         values = dict((v.op.name.replace("/", "__"), np.stack(copy_values(raw, v.op.name)))
                       for v in tf.trainable_variables())
+        if after is not None:
+            result = after(raw)
     np.savez(os.path.join(out_dir, "worker_%d.npz" % worker), **values)
     print("worker %d done" % worker)
+    return result
 
 
 def train_to_the_end(train, names, checkpoint_dir=None):

@@ -18,12 +18,20 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 import epl  # noqa: E402
-from eplutil import (copy_values, dataset_input, initial_weights, make_data, mlp,  # noqa: E402
-                     train_step, worker_rows)
+from eplutil import (dataset_input, initial_weights, mlp, this_workers_rows,  # noqa: E402
+                     train_and_save_copies, train_step)
+
+
+def ring_links(session):
+    """Each EplRingConnect of this worker, run again: its ring, rank, state, worker."""
+    connects = [op for op in session.graph.get_operations() if op.type == "EplRingConnect"]
+    states = session.run([op.outputs[0] for op in connects])
+    return [{"communicator": op.get_attr("communicator").decode(), "rank": op.get_attr("rank"),
+             "state": int(state), "worker": tf.DeviceSpec.from_string(op.device).task}
+            for op, state in zip(connects, states)]
 
 
 def main(out_dir, steps, batch):
@@ -33,32 +41,16 @@ def main(out_dir, steps, batch):
     logging.getLogger("epl").setLevel(logging.INFO)
     epl.init()
     cluster = epl.Env.get().cluster
-    workers, devices, index = cluster.worker_num, cluster.gpu_num_per_worker, cluster.worker_index
-    x, y = make_data(workers * devices * batch * steps)
-    wx = worker_rows(x, steps, workers, devices * batch, index)
-    wy = worker_rows(y, steps, workers, devices * batch, index)
+    wx, wy = this_workers_rows(batch, steps)
     epl.set_default_strategy(epl.replicate(1))
     loss = mlp(*dataset_input(wx, wy, batch), weights=initial_weights())
-    train = train_step(loss)
-    with tf.train.MonitoredTrainingSession() as sess:
-        for _ in range(steps):
-            sess.run(train)
-        raw = sess._tf_sess()  # pylint: disable=protected-access
-        values = dict((v.op.name.replace("/", "__"), np.stack(copy_values(raw, v.op.name)))
-                      for v in tf.trainable_variables())
-        connects = [op for op in raw.graph.get_operations() if op.type == "EplRingConnect"]
-        states = raw.run([op.outputs[0] for op in connects])
-    np.savez(os.path.join(out_dir, "worker_%d.npz" % index), **values)
-    found = cluster.discovery
-    report = {"source": found.source, "detail": found.detail, "hosts": cluster.hosts,
-              "index": index, "hostname": socket.gethostname(),
-              "ring": [{"communicator": op.get_attr("communicator").decode(),
-                        "rank": op.get_attr("rank"), "state": int(state),
-                        "worker": tf.DeviceSpec.from_string(op.device).task}
-                       for op, state in zip(connects, states)]}
-    with open(os.path.join(out_dir, "worker_%d.json" % index), "w") as out:
+    links = train_and_save_copies(train_step(loss), steps, out_dir, cluster.worker_index,
+                                  after=ring_links)
+    report = {"source": cluster.discovery.source, "detail": cluster.discovery.detail,
+              "hosts": cluster.hosts, "index": cluster.worker_index,
+              "hostname": socket.gethostname(), "ring": links}
+    with open(os.path.join(out_dir, "worker_%d.json" % cluster.worker_index), "w") as out:
         json.dump(report, out)
-    print("worker %d done" % index)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 tf.disable_v2_behavior()  # TF 2.x: graph mode (docs/tf2.md); nothing on TF 1.15
 
 import epl  # noqa: E402
-from eplutil import make_data, worker_rows  # noqa: E402
+from eplutil import make_data, this_workers_rows  # noqa: E402
 from estimator_model import input_fn, make_model_fn, run_config  # noqa: E402
 
 EVAL_ROWS = make_data(16, seed=7)
@@ -29,10 +29,7 @@ def main(out_dir, steps, batch):
     logging.getLogger("epl").setLevel(logging.INFO)
     epl.init()
     cluster = epl.Env.get().cluster
-    workers, devices, index = cluster.worker_num, cluster.gpu_num_per_worker, cluster.worker_index
-    x, y = make_data(workers * devices * batch * steps)
-    wx = worker_rows(x, steps, workers, devices * batch, index)
-    wy = worker_rows(y, steps, workers, devices * batch, index)
+    wx, wy = this_workers_rows(batch, steps)
     epl.set_default_strategy(epl.replicate(1))
     estimator = tf.estimator.Estimator(make_model_fn(),
                                        config=run_config(os.path.join(out_dir, "model")))
@@ -45,7 +42,9 @@ def main(out_dir, steps, batch):
               "distributed": cluster.distributed, "workers": cluster.worker_num,
               "run_config_task": [estimator.config.task_type, estimator.config.task_id],
               "metrics": dict((k, float(v)) for k, v in metrics.items()) if metrics else None}
-    name = cluster.task_type if cluster.task_type != "worker" else "worker_%d" % index
+    name = cluster.task_type
+    if name == "worker":
+        name += "_%d" % cluster.worker_index
     with open(os.path.join(out_dir, name + ".json"), "w") as out:
         json.dump(report, out)
     print("%s done" % name)

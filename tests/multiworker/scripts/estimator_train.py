@@ -17,7 +17,7 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 tf.disable_v2_behavior()  # TF 2.x: graph mode (docs/tf2.md); nothing on TF 1.15
 
 import epl  # noqa: E402
-from eplutil import make_data, worker_rows  # noqa: E402
+from eplutil import make_data, this_workers_rows  # noqa: E402
 from estimator_model import (features_fn, input_fn, make_model_fn,  # noqa: E402
                              run_config)
 
@@ -27,8 +27,7 @@ def main(out_dir, steps, batch):
     cluster = epl.Env.get().cluster
     workers, devices, index = cluster.worker_num, cluster.gpu_num_per_worker, cluster.worker_index
     x, y = make_data(workers * devices * batch * steps)
-    wx = worker_rows(x, steps, workers, devices * batch, index)
-    wy = worker_rows(y, steps, workers, devices * batch, index)
+    wx, wy = this_workers_rows(batch, steps)
     epl.set_default_strategy(epl.replicate(1))
 
     estimator = tf.estimator.Estimator(make_model_fn(),
