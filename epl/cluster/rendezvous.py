@@ -68,7 +68,8 @@ def _serve(address, size, port, token, timeout):
     except OSError as err:
         listener.close()
         raise RendezvousError("rank 0 cannot hold the rendezvous on port %d (%s): another "
-                              "process uses it; choose another MASTER_PORT" % (address[1], err))
+                              "process uses it; give every rank a free MASTER_PORT (and "
+                              "MASTER_ADDR)" % (address[1], err))
     listener.listen(size + 8)
     arrived = {}   # rank -> (connection, host, port)
     deadline = time.time() + timeout
