@@ -30,6 +30,17 @@ def int_variable(environ, name, minimum=0, required=True):
     return value
 
 
+PORT_SPAN = 10000   # ports EPL derives lie in [cluster.port_base, cluster.port_base + PORT_SPAN)
+
+
+def check_port_base(port_base):
+    """``cluster.port_base`` must leave PORT_SPAN valid ports above it."""
+    if not 1024 <= port_base <= 65536 - PORT_SPAN:
+        raise ClusterError("cluster.port_base=%d: expected 1024..%d, so that the %d ports "
+                           "above it are valid" % (port_base, 65536 - PORT_SPAN, PORT_SPAN))
+    return port_base
+
+
 def first_set(environ, names):
     """(name, value) of the first of ``names`` set in ``environ``, else (None, None)."""
     for name in names:

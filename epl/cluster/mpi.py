@@ -22,7 +22,8 @@ the other ranks listen. The tasks learn that at a rendezvous
 """
 import zlib
 
-from epl.cluster.common import Claim, ClusterError, first_set, int_variable
+from epl.cluster.common import (PORT_SPAN, Claim, ClusterError, check_port_base, first_set,
+                                int_variable)
 
 # (name, rank, size, local rank, local size) of each MPI family, most specific first.
 MPI_FAMILIES = (
@@ -36,7 +37,6 @@ TORCHRUN = ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 JOB_ID_VARIABLES = ("OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid", "PMIX_NAMESPACE",
                     "PMI_JOBID", "TORCHELASTIC_RUN_ID")
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
-LOCAL_PORT_SPAN = 10000
 
 
 def mpi_claim(environ, port_base, parent_pid=None):
@@ -92,7 +92,7 @@ def rendezvous_address(environ, size, local_size, port_base, parent_pid=None,
         key_name, key = first_set(environ, JOB_ID_VARIABLES)
         if key is None:
             key_name, key = "the launching process", str(parent_pid or 0)
-        port = port_base + zlib.crc32(key.encode("utf-8")) % LOCAL_PORT_SPAN
+        port = check_port_base(port_base) + zlib.crc32(key.encode("utf-8")) % PORT_SPAN
         return ("127.0.0.1", port), "every rank on this host; port from %s" % key_name
     raise ClusterError(
         "%d ranks%s, but MASTER_ADDR and MASTER_PORT are not set: EPL's tasks exchange "

@@ -26,10 +26,10 @@ the job has four tasks, but the script's process is none of them. Training from
 it would train alone, so it is an error that says to start the script with srun.
 """
 from epl.cluster import hostlist
-from epl.cluster.common import Claim, ClusterError, first_set, int_variable
+from epl.cluster.common import (PORT_SPAN, Claim, ClusterError, check_port_base, first_set,
+                                int_variable)
 
 SOURCE = "Slurm"
-PORT_SPAN = 10000
 STEP_MARKERS = ("SLURM_STEP_ID", "SLURM_STEPID")
 JOB_MARKERS = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_PROCID", "SLURM_NTASKS") + STEP_MARKERS
 
@@ -153,9 +153,7 @@ def _gtids_agree(environ, placement, node):
 
 def task_port(job_id, local_index, tasks_per_node, port_base):
     """The port of the task with ``local_index`` on its node (see the module doc)."""
-    if not 1024 <= port_base <= 65536 - PORT_SPAN:
-        raise ClusterError("cluster.port_base=%d: expected 1024..%d, so that the %d ports "
-                           "above it are valid" % (port_base, 65536 - PORT_SPAN, PORT_SPAN))
+    check_port_base(port_base)
     if tasks_per_node > PORT_SPAN:
         raise ClusterError("%d tasks on one node: EPL derives at most %d ports per node"
                            % (tasks_per_node, PORT_SPAN))

@@ -59,6 +59,9 @@ def parse(text):
     jobs = cluster_jobs(spec)
     sparse = bool(spec.get(CLUSTER_KEYS[1]))
     task = spec.get("task") or {}
+    if not isinstance(task, dict):
+        raise ClusterError("TF_CONFIG 'task' must be an object such as {\"type\": \"worker\", "
+                           "\"index\": 0}, got %r" % (task,))
     task_type = str(task.get("type", WORKER))
     task_index = _task_index(task.get("index", 0))
     hosts, offset = [], {}

@@ -137,6 +137,13 @@ def test_ranks_that_cannot_meet_are_named(env, match):
         found(env)
 
 
+def test_a_port_base_without_room_is_named():
+    one_host = torchrun(0, MASTER_ADDR="", MASTER_PORT="")   # the port is derived
+    assert 20000 <= found(one_host).key[3][1] < 30000
+    with pytest.raises(ClusterError, match="cluster.port_base=60000: expected 1024..55536"):
+        found(one_host, Options("auto", 60000, 30))
+
+
 def test_a_world_of_one_needs_no_address():
     assert found({"RANK": "0", "WORLD_SIZE": "1"}).hosts is None
     assert found({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"}).source == "MPI"

@@ -60,6 +60,7 @@ def test_sparse_jobs_that_name_every_task_are_read():
     (text({"worker": ["a:1", ""]}), "not a host:port string"),
     (text({"localhost": ["a:1"]}), r"unsupported job\(s\) \['localhost'\]"),
     ("[1, 2]", "must be a JSON object"),
+    ('{"cluster": {"worker": ["a:1"]}, "task": ["worker", 0]}', "'task' must be an object"),
     ('{"cluster": ', "not valid JSON"),
 ])
 def test_bad_tf_configs_are_named(given, match):
