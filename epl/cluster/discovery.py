@@ -126,8 +126,9 @@ def discover(environ, opts, parent_pid=None, previous=None, exchange=rendezvous.
     claim = choose(read_claims(environ, opts, parent_pid, names), opts.source)
     if claim is None:
         return LOCAL
+    detail = "%s (%s)" % (claim.source, claim.detail)
     if not claim.training:
-        return Discovery(claim.source, None, 0, claim.task_type, "", claim.detail, None)
+        return Discovery(claim.source, None, 0, claim.task_type, "", detail, None)
     hosts, key = claim.hosts, None
     if claim.rendezvous is not None and claim.size > 1:
         key = (claim.source, claim.rank, claim.size, claim.rendezvous, claim.token)
@@ -135,7 +136,6 @@ def discover(environ, opts, parent_pid=None, previous=None, exchange=rendezvous.
             return previous
         hosts = tuple(exchange(claim.rendezvous, claim.rank, claim.size, pick_port(),
                                claim.token, opts.rendezvous_timeout))
-    detail = "%s (%s)" % (claim.source, claim.detail)
     return Discovery(claim.source, hosts, claim.rank if hosts else 0, claim.task_type,
                      claim.visible_devices, detail, key)
 
@@ -148,8 +148,8 @@ def _tf_config_claim(environ):
     task = "task %s:%d" % (spec.task_type, spec.task_index)
     if spec.index is None:
         return Claim("TF_CONFIG", task_type=spec.task_type, detail=(
-            "TF_CONFIG %s: not part of the training cluster of %d task(s), one local worker "
-            "that evaluates its checkpoints" % (task, len(spec.hosts))))
+            "%s: not part of the training cluster of %d task(s), one local worker that "
+            "evaluates its checkpoints" % (task, len(spec.hosts))))
     return Claim("TF_CONFIG", spec.index, len(spec.hosts), spec.hosts,
                  task_type=spec.task_type,
                  detail="%s, worker %d of %d" % (task, spec.index, len(spec.hosts)))
