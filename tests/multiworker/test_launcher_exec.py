@@ -139,6 +139,38 @@ def test_failed_worker_stops_the_others(tmp_path):
     assert "[worker 0] line 25" in out.getvalue()
 
 
+@pytest.mark.timeout(120)
+def test_the_failure_summary_leads_with_the_tensorflow_error(tmp_path):
+    """TF prints the failing node's original stack trace after the error, so the last 20
+    lines held only frames. Before: the summary was those 20 lines, without the error."""
+    script = _script(tmp_path, """
+        import tensorflow.compat.v1 as tf
+        tf.disable_eager_execution()
+        x = tf.placeholder(tf.float32, [None])
+        check = tf.Assert(tf.reduce_all(x > 0), ["x must be positive", x], name="positive")
+        with tf.control_dependencies([check]):
+            y = tf.identity(x)
+        with tf.Session() as sess:
+            sess.run(y, {x: [1.0, -1.0]})
+    """)
+    settings = launcher.parse_args(["--num_workers", "1", "--gpu_per_worker", "1",
+                                    "--log_dir", str(tmp_path / "logs"), script])
+    specs = launcher.plan_workers(settings, ["127.0.0.1:1"], [],
+                                  dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    err = io.StringIO()
+    assert launcher.execute(specs, stdout=io.StringIO(), stderr=err) == 1
+    lines = err.getvalue().split("\n")
+    assert lines[:2] == ["epl-launch: worker 0 failed with exit code 1",
+                         "--- error of worker 0 ---"]
+    assert lines[2].endswith("InvalidArgumentError: assertion failed: [x must be positive] "
+                             "[1 -1]")
+    assert lines[3].lstrip().startswith("[[node positive/AssertGuard/Assert (defined at ")
+    # the user's line, below TensorFlow's frames (TF 1.15 drops the path's leading "/")
+    assert lines[4].startswith("failing node: positive/AssertGuard/Assert (created at ")
+    assert lines[4].endswith("%s:7)" % script.lstrip("/"))
+    assert lines[5].startswith("--- last 20 lines of ")
+
+
 @pytest.mark.timeout(60)
 def test_worker_ignoring_sigterm_is_killed_after_grace(tmp_path):
     pid_file = tmp_path / "pid1"
