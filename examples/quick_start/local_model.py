@@ -1,5 +1,6 @@
 # local_model.py: the quick-start program from the EPL documentation (section 3.1),
-# with the three EPL lines added. Run it with:  epl-launch --num_workers 1 --gpu_per_worker 2 run.sh
+# with the three EPL lines added. Run it with (from any directory):
+#   epl-launch --num_workers 1 --gpu_per_worker 2 examples/quick_start/run.sh
 import numpy as np
 import tensorflow as tf
 import epl

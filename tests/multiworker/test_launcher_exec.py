@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from epl import launcher
+from eplutil import user_examples
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -257,6 +258,39 @@ def test_shell_script_gets_the_task_dir_first(tmp_path, capsys, monkeypatch):
         assert '"index": %d' % i in (task_dir / "train.tf_record").read_text()
     assert "[worker 1] I am one" in out.out and "[worker 0] I am one" not in out.out
     assert "already written" not in out.out
+
+
+@pytest.mark.timeout(60)
+def test_a_shell_scripts_python_is_the_launchers(tmp_path, capsys, monkeypatch):
+    """Before: `python` in a shell script was whatever the caller's PATH had (here none:
+    "python: command not found"; in a shell without the venv activated, a Python
+    without TensorFlow)."""
+    script = _script(tmp_path, """\
+        python -c 'import sys; print("python is", sys.executable)'
+        python3 -c 'import sys; print("python3 is", sys.executable)'
+    """, name="run.sh")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    code, out = _run_main(tmp_path, ["--num_workers", "1", "--gpu_per_worker", "1", script],
+                          capsys, monkeypatch)
+    assert code == 0, out.err
+    assert "[worker 0] python is %s\n" % sys.executable in out.out
+    assert "[worker 0] python3 is %s\n" % sys.executable in out.out
+
+
+@pytest.mark.timeout(180)
+def test_the_quick_start_shell_script_runs_from_any_directory(tmp_path, capsys, monkeypatch,
+                                                              tmp_path_factory):
+    """Before: run.sh said `python local_model.py`, which fails unless the caller's
+    directory is examples/quick_start ("can't open file 'local_model.py'")."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    monkeypatch.setenv("PYTHONPATH", REPO)
+    script = os.path.join(user_examples(tmp_path_factory), "quick_start", "run.sh")
+    code, out = _run_main(tmp_path, ["--num_workers", "1", "--gpu_per_worker", "2", script],
+                          capsys, monkeypatch)
+    assert code == 0, out.err + out.out[-3000:]
+    assert "[worker 0] Train Finished." in out.out
 
 
 @pytest.mark.timeout(60)

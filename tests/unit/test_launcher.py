@@ -313,6 +313,17 @@ def test_every_worker_gets_its_own_task_dir_as_the_original_did():
     assert task_dir("/jobs/a", 7) == "/jobs/a/7"
 
 
+def test_a_shell_script_finds_the_launchers_python_first_on_path():
+    shell = plan_workers(_settings(BASE + ["run.sh"]), HOSTS, [], dict(ENV, PATH="/usr/bin"),
+                         python=PY)
+    assert [s.env["PATH"] for s in shell] == [os.path.join("logs", "bin") + ":/usr/bin"] * 2
+    script = plan_workers(_settings(BASE + ["t.py"]), HOSTS, [], dict(ENV, PATH="/usr/bin"),
+                          python=PY)
+    assert [s.env["PATH"] for s in script] == ["/usr/bin"] * 2
+    assert launcher.plan.python_shim("/my venv/bin/python").endswith(
+        "exec '/my venv/bin/python' \"$@\"\n")
+
+
 def test_plan_too_few_gpus_names_the_numbers():
     settings = _settings(["--num_workers", "3", "--gpu_per_worker", "4", "t.py"])
     hosts = ["127.0.0.1:%d" % p for p in range(2000, 2003)]
