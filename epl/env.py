@@ -173,6 +173,12 @@ class _Introspection(object):
     def env_of(view):
         return view.owner or Env.get()
 
+    @staticmethod
+    def initialized():
+        """Has this thread's Env (else the process Env) been through ``epl.init``?
+        Strategy scopes refuse to open before it (epl.strategies.base.require_init)."""
+        return Env.get().initialized
+
     def config_and_cluster(self, view):
         env = self.env_of(view)
         return env.config, env.cluster

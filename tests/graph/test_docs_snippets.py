@@ -185,6 +185,7 @@ x, dispatch, combine, balance = attention_and_gating(tokens)
 w_in, w_out = moe_variable_define()
 ''',
     "resnet": _INPUTS + '''
+epl.init()
 images = tf.reshape(tf.tile(features, [1, 24]), [-1, 8, 8, 3])
 num_classes, total_gpu_num = 10, 2
 x = tf.zeros([2, 8, 16])   # tokens [groups, tokens, width] for a MoE layer

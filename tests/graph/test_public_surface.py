@@ -89,6 +89,33 @@ def test_init_inside_a_graph_keeps_that_graphs_ops():
         assert view.info("early").taskgraph == view.info("late").taskgraph == 0
 
 
+# ---- forgetting epl.init -----------------------------------------------------------
+@pytest.mark.parametrize("use", ["set_default_strategy", "replicate", "split"])
+def test_a_strategy_before_epl_init_is_an_error(use):
+    """Before: a script with epl.replicate / set_default_strategy but no epl.init() trained
+    as plain single-device TensorFlow without a word."""
+    assert not epl.Env.get().initialized
+    with pytest.raises(epl.StrategyError, match=r"before epl.init\(\): EPL is not "
+                                                r"initialized.*Call epl.init\(\) first"):
+        if use == "set_default_strategy":
+            epl.set_default_strategy(epl.replicate(1))
+        else:
+            with getattr(epl, use)(2):
+                tf.ones([2])
+    assert epl.Env.get().strategy_context.current is None
+    epl.init()
+    epl.reset()    # and after epl.reset() as before epl.init()
+    with pytest.raises(epl.StrategyError, match="before epl.init"):
+        epl.set_default_strategy(epl.replicate(1))
+
+
+def test_a_strategy_made_before_epl_init_works_after_it():
+    strategy = epl.replicate(1, name="made_early")   # making one is harmless
+    epl.init()
+    epl.set_default_strategy(strategy)
+    assert [tg.name for tg in epl.Graph.get().taskgraphs] == ["made_early"]
+
+
 # ---- set_default_strategy and empty TaskGraphs -------------------------------------
 def test_set_default_strategy_creates_its_taskgraph_now():
     epl.init()
