@@ -285,6 +285,9 @@ def init(config=None, cluster=None):
         cluster = env._cluster_scopes[-1][0]
     if cluster is None:
         cluster = Cluster.from_environment(config)
+    # Imported here, like the hooks: `import epl.env` stays light for the launcher's tools.
+    from epl.parallel import preflight
+    preflight.check(config, cluster)
     _prefer_bfc(cluster)
     reset_context()
     _start_graph_over()
