@@ -226,7 +226,13 @@ def _exit_cluster(cluster):
             return
 
 
-_cluster_module._ENV_HOOKS[:] = [_enter_cluster, _exit_cluster, _virtual_devices]
+def _run_visible_devices():
+    """``cluster.run_visible_devices`` of the current config (a bare ``epl.Cluster()``)."""
+    return Env.get().config.cluster.run_visible_devices
+
+
+_cluster_module._ENV_HOOKS[:] = [_enter_cluster, _exit_cluster, _virtual_devices,
+                                 _run_visible_devices]
 Graph.introspection = _Introspection()
 
 _HOOKS = []

@@ -1,4 +1,5 @@
 """The original EPL's public surface where user code touches it (docs/api.md)."""
+import json
 import logging
 import threading
 
@@ -265,6 +266,23 @@ def test_run_visible_devices_selects_virtual_devices(monkeypatch):
     monkeypatch.setenv("EPL_CLUSTER_RUN_VISIBLE_DEVICES", "1,4")
     with pytest.raises(ClusterError, match="run_visible_devices='1,4'"):
         epl.init()
+
+
+def test_a_bare_cluster_sees_the_devices_of_the_current_config(monkeypatch):
+    """Before: epl.Cluster() read TF_CONFIG but not cluster.run_visible_devices, and said 4
+    devices per worker where epl.Env.get().cluster said 2."""
+    monkeypatch.setenv("EPL_NUM_VIRTUAL_DEVICES", "4")
+    monkeypatch.setenv("EPL_CLUSTER_RUN_VISIBLE_DEVICES", "1,2")
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+        "task": {"type": "worker", "index": 1}}))
+    bare = epl.Cluster()
+    assert (bare.worker_num, bare.worker_index, bare.gpu_num_per_worker) == (2, 1, 2)
+    assert bare.run_visible_devices == "1,2" and bare == epl.Env.get().cluster
+    epl.init(epl.Config({"cluster.run_visible_devices": "3"}))
+    assert epl.Cluster() == epl.Env.get().cluster and epl.Cluster().gpu_num_per_worker == 1
+    assert epl.Cluster(run_visible_devices="").gpu_num_per_worker == 4   # explicit wins
+    assert epl.Cluster(devices_per_worker=3).run_visible_devices == ""
 
 
 def test_exports():
