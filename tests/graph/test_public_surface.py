@@ -1,6 +1,7 @@
 """The original EPL's public surface where user code touches it (docs/api.md)."""
 import json
 import logging
+import os
 import threading
 
 import numpy as np
@@ -283,6 +284,27 @@ def test_a_bare_cluster_sees_the_devices_of_the_current_config(monkeypatch):
     assert epl.Cluster() == epl.Env.get().cluster and epl.Cluster().gpu_num_per_worker == 1
     assert epl.Cluster(run_visible_devices="").gpu_num_per_worker == 4   # explicit wins
     assert epl.Cluster(devices_per_worker=3).run_visible_devices == ""
+
+
+@pytest.mark.parametrize("verbosity", [tf.logging.DEBUG, tf.logging.WARN])
+def test_epl_leaves_tensorflows_logging_alone(monkeypatch, verbosity):
+    """The examples turn TF's warnings off themselves; EPL never changes a user's logging."""
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    logger, previous = tf.get_logger(), tf.logging.get_verbosity()
+    handlers = list(logger.handlers)
+    tf.logging.set_verbosity(verbosity)
+    try:
+        x, y = make_data(32)
+        epl.init(cluster=Cluster(devices_per_worker=2))
+        epl.set_default_strategy(epl.replicate(1))
+        train = train_step(mlp(*dataset_input(x, y, 8), weights=initial_weights()))
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            sess.run(train)
+        assert tf.logging.get_verbosity() == verbosity and logger.handlers == handlers
+        assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
+    finally:
+        tf.logging.set_verbosity(previous)
 
 
 def test_exports():
