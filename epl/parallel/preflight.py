@@ -12,6 +12,7 @@ Example::
     preflight.check(epl.Config({"pipeline.num_stages": 2}), cluster)
     # ConfigError: pipeline.num_stages=2 is only read by automatic parallelism ...
 """
+from epl.communicators import ring
 from epl.parallel import partition
 from epl.parallel.file_shards import check_options
 from epl.runtime import gradient_checkpoint, zero_partition
@@ -39,10 +40,17 @@ def _io_slicing_options(config, cluster):
     check_options(config.io.slicing, config.io.drop_last_files, config.io.unbalanced_io_slicing)
 
 
+def _collective_backend_variables(config, cluster):
+    """EPL_COLLECTIVE_BACKEND and EPL_RING_SHARED_MEMORY (not config keys: environment
+    variables read when the first collective is built)."""
+    ring.backend_choice()
+    ring.shared_memory_choice()
+
+
 # (config, cluster) -> None, or raises naming the keys; in the order of the passes.
 REFUSALS = (_stages_without_auto_parallel, _auto_stages_divide_the_devices,
             _checkpointing_with_auto_stages, _zero_with_what_it_cannot_combine,
-            _io_slicing_options)
+            _io_slicing_options, _collective_backend_variables)
 
 
 def check(config, cluster, refusals=REFUSALS):

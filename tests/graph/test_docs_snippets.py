@@ -185,13 +185,15 @@ x, dispatch, combine, balance = attention_and_gating(tokens)
 w_in, w_out = moe_variable_define()
 ''',
     "resnet": _INPUTS + '''
-epl.init()
 images = tf.reshape(tf.tile(features, [1, 24]), [-1, 8, 8, 3])
 num_classes, total_gpu_num = 10, 2
 x = tf.zeros([2, 8, 16])   # tokens [groups, tokens, width] for a MoE layer
 def resnet(images):
     h = tf.nn.relu(tf.layers.conv2d(images, 8, 3, padding="same"))
     return tf.reduce_mean(h, [1, 2])
+''',
+    "resnet_init": "__resnet__" + '''
+epl.init()   # a fragment that opens strategies comes after the program's epl.init()
 ''',
     "training": _INPUTS + '''
 features, labels = _inputs(epochs=2)  # 16 steps, then the session stops

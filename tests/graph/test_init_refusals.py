@@ -38,6 +38,15 @@ def test_epl_init_refuses_what_needs_only_the_config(config, message):
     assert not tf.get_default_graph().get_operations()
 
 
+@pytest.mark.parametrize("variable,value", [("EPL_COLLECTIVE_BACKEND", "nccl2"),
+                                            ("EPL_RING_SHARED_MEMORY", "maybe")])
+def test_epl_init_refuses_a_bad_collective_variable(monkeypatch, variable, value):
+    """Before: refused when the first collective was built, after the model."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match="%s=%r: expected" % (variable, value)):
+        epl.init(cluster=TWO_WORKERS)
+
+
 def test_what_the_cluster_allows_is_accepted():
     epl.init(epl.Config({"auto.auto_parallel": True, "pipeline.num_stages": 4}),
              cluster=TWO_WORKERS)
