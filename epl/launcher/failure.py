@@ -25,7 +25,10 @@ import re
 TRACEBACK = "Traceback (most recent call last):"
 CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 ORIGIN = re.compile(r"^Original stack trace for '(.+)':$")
-NODE = re.compile(r"\[\[(?:\{\{)?node ([^\s}\]]+)")
+# TF 1.15: "[[node a/b (defined at f.py:3) ]]" or "[[{{node a/b}}]]"; TF 2.x also
+# "[[{{function_node f_8}}{{node Assert}}]]" for a node inside a function.
+NODE = re.compile(r"(?:\[\[|\{\{)node ([^\s}\]]+)")
+FUNCTION = re.compile(r"\{\{function_node ([^}]+)\}\}")
 FRAME = re.compile(r'^\s+File "(.+)", line (\d+)')
 # A frame inside TensorFlow's own code: the origin we report is the user's frame below it.
 TF_FRAME = re.compile(r"[/\\](tensorflow|tensorflow_core|tensorflow_estimator)[/\\]")
@@ -94,7 +97,8 @@ def _error_of(lines):
     for line in lines:
         match = NODE.search(line)
         if match:
-            node = match.group(1)
+            function = FUNCTION.search(line)
+            node = match.group(1) + (" in function %s" % function.group(1) if function else "")
     return WorkerError(tuple(lines), node, None)
 
 
@@ -127,8 +131,12 @@ def _frames(record, line):
 
 
 def _message(record, line):
-    """The exception's message: up to its first blank line (TF errors: the node line)."""
+    """The exception's message: up to its first blank line (TF errors: the node line).
+    A first line that only announces the message (TF 2.x: "...Error: Graph execution
+    error:") is followed by a blank line and then the message itself."""
     stripped = line.rstrip()
+    if not stripped and len(record._message) == 1 and record._message[0].rstrip().endswith(":"):
+        return
     if not stripped or ORIGIN.match(stripped) or stripped == TRACEBACK \
             or stripped.startswith(CHAINED) or len(record._message) >= MESSAGE_LINES:
         record._finish_message()

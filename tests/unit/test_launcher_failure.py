@@ -81,6 +81,20 @@ def test_the_last_error_wins_and_output_without_one_has_none():
     assert error_lines(None) == []
 
 
+def test_a_tensorflow_2_error_gives_the_message_after_its_heading_and_the_function_node():
+    """TF 2.x: "Graph execution error:", a blank line, then the message; a node inside a
+    function (cond_v2) is named with its function."""
+    record = _record("Traceback (most recent call last):\n  File \"t.py\", line 8\n"
+                     "tensorflow.python.framework.errors_impl.InvalidArgumentError: Graph "
+                     "execution error:\n\nassertion failed: [x must be positive] [1 -1]\n"
+                     "\t [[{{function_node positive_AssertGuard_false_8}}{{node Assert}}]]\n\n")
+    error = record.error()
+    assert error.lines[1:] == ("assertion failed: [x must be positive] [1 -1]",
+                               "\t [[{{function_node positive_AssertGuard_false_8}}"
+                               "{{node Assert}}]]")
+    assert error.node == "Assert in function positive_AssertGuard_false_8"
+
+
 def test_a_tensorflow_fatal_log_line_is_an_error():
     record = _record("2026-11-28 08:35:53.374982: F tensorflow/core/framework/tensor.cc:681] "
                      "Check failed: IsAligned()\nAborted")
