@@ -19,7 +19,10 @@ the build (`make setup` does, for its editable install: it builds the library it
 pip builds in an isolated environment without the user's packages, so the
 TensorFlow flags are read by a fresh interpreter of the target environment (the
 same python, with pip's isolation variables removed); `--no-build-isolation`
-works too.
+works too. A library is only ever installed and loaded with the TensorFlow it was built
+for: a build removes the libraries an earlier build left in its directory (pip reuses
+./build/ between installs into different environments), and the library is stamped with
+its TensorFlow's version (built_for.txt), which EPL checks before loading it.
 """
 import os
 import subprocess
@@ -32,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # A placeholder: tools/build_ops.sh compiles csrc/ (setuptools' compiler knows no TF flags).
 OPS = Extension("epl.lib.libepl_ops", sources=[])
 STATUS_FILE = "build_status.txt"
+LIBRARIES = ("libepl_ops.so", "libepl_nccl_ops.so", "built_for.txt")
 ISOLATION_VARIABLES = ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME")
 
 
@@ -67,6 +71,16 @@ def build_ops(out_dir, python=sys.executable, environ=None):
         return report
 
 
+def remove_libraries(out_dir):
+    """Remove the op libraries (and their TensorFlow stamp) of an earlier build from
+    ``out_dir``: pip reuses ./build/, which may hold a build for another environment's
+    TensorFlow. tools/build_ops.sh does the same before it builds."""
+    for name in LIBRARIES:
+        path = os.path.join(out_dir, name)
+        if os.path.exists(path):
+            os.remove(path)
+
+
 class BuildOps(build_ext):
     """``build_ext`` that builds the op library next to the installed ``epl`` package."""
 
@@ -78,10 +92,11 @@ class BuildOps(build_ext):
     def build_extension(self, ext):
         if ext.name != OPS.name:
             return build_ext.build_extension(self, ext)
+        out_dir = os.path.dirname(self.get_ext_fullpath(ext.name))
         if os.environ.get("EPL_BUILD_OPS", "1") == "0":
+            remove_libraries(out_dir)   # never install one a previous build left in build/
             sys.stderr.write("epl: EPL_BUILD_OPS=0: not building the op library\n")
             return None   # `make setup` builds it itself (tools/build_ops.sh)
-        out_dir = os.path.dirname(self.get_ext_fullpath(ext.name))
         for line in build_ops(out_dir).splitlines():
             sys.stderr.write("epl: %s\n" % line)
         return None

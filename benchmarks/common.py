@@ -18,6 +18,7 @@ import argparse
 import collections
 import datetime
 import faulthandler
+import importlib.util
 import json
 import os
 import platform
@@ -610,7 +611,8 @@ def read_results(out_dir, name):
 
 
 def write_results(out_dir, name, payload, markdown):
-    """Write ``<out_dir>/<name>.json`` and ``.md``; returns both paths.
+    """Write ``<out_dir>/<name>.json`` and ``.md``, and the benchmark's picture
+    ``<name>.png`` if it has one (pictures.py); returns the paths written.
 
     Files are written to a temporary name and renamed, so an interrupted run
     never leaves a half-written result next to good ones."""
@@ -623,7 +625,18 @@ def write_results(out_dir, name, payload, markdown):
             handle.write(text)
         os.replace(path + ".tmp", path)
         paths.append(path)
-    return paths
+    picture = _pictures().draw(name, payload, out_dir)
+    return paths + ([picture] if picture else [])
+
+
+def _pictures():
+    """benchmarks/pictures.py, found next to this file (tests load this module by path)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_pictures", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                       "pictures.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def publish(out_dir, name, payload, markdown, seconds):

@@ -19,6 +19,8 @@ import os
 import platform
 import sys
 
+from epl.version import INSTALL_TENSORFLOW
+
 DISTRIBUTIONS = ("tensorflow", "tensorflow-gpu", "tensorflow-cpu", "nvidia-tensorflow",
                  "intel-tensorflow")
 
@@ -46,8 +48,8 @@ def tensorflow_line():
     try:
         import tensorflow as tf_module
     except Exception as err:  # ImportError, or protobuf's errors on a bad install
-        return ("TensorFlow: NOT importable (%s: %s). Install tensorflow==1.15.5 (CPU) or "
-                "tensorflow-gpu==1.15.5 / NVIDIA's TF1 build" % (type(err).__name__, err)), None
+        return ("TensorFlow: NOT importable (%s: %s): %s"
+                % (type(err).__name__, err, INSTALL_TENSORFLOW)), None
     dist = _distribution()
     cuda = tf_module.test.is_built_with_cuda()
     return ("TensorFlow %s (distribution %s; CUDA build: %s)"

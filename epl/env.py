@@ -173,6 +173,12 @@ class _Introspection(object):
     def env_of(view):
         return view.owner or Env.get()
 
+    @staticmethod
+    def initialized():
+        """Has this thread's Env (else the process Env) been through ``epl.init``?
+        Strategy scopes refuse to open before it (epl.strategies.base.require_init)."""
+        return Env.get().initialized
+
     def config_and_cluster(self, view):
         env = self.env_of(view)
         return env.config, env.cluster
@@ -220,7 +226,13 @@ def _exit_cluster(cluster):
             return
 
 
-_cluster_module._ENV_HOOKS[:] = [_enter_cluster, _exit_cluster, _virtual_devices]
+def _run_visible_devices():
+    """``cluster.run_visible_devices`` of the current config (a bare ``epl.Cluster()``)."""
+    return Env.get().config.cluster.run_visible_devices
+
+
+_cluster_module._ENV_HOOKS[:] = [_enter_cluster, _exit_cluster, _virtual_devices,
+                                 _run_visible_devices]
 Graph.introspection = _Introspection()
 
 _HOOKS = []
@@ -280,6 +292,9 @@ def init(config=None, cluster=None):
     if cluster is None:
         previous = env._cluster.discovery if env._cluster is not None else None
         cluster = Cluster.from_environment(config, previous=previous)
+    # Imported here, like the hooks: `import epl.env` stays light for the launcher's tools.
+    from epl.parallel import preflight
+    preflight.check(config, cluster)
     _prefer_bfc(cluster)
     reset_context()
     _start_graph_over()

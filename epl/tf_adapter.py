@@ -13,8 +13,21 @@ Two TensorFlow lines are supported: 1.15 and 2.x through ``tf.compat.v1``
 once, here, at import. Nothing else in EPL asks which TensorFlow it runs on.
 """
 import contextlib
+import sys
 
-import tensorflow.compat.v1 as tf
+from epl.version import INSTALL_TENSORFLOW
+
+try:
+    import tensorflow.compat.v1 as tf
+except ImportError as _missing:
+    # `pip install .` succeeds without TensorFlow (setup.py says why it is not a
+    # requirement); the first use of EPL must then say what to install, not fail with a
+    # bare ModuleNotFoundError from deep inside.
+    if (getattr(_missing, "name", None) or "").split(".")[0] != "tensorflow":
+        raise
+    raise ModuleNotFoundError(
+        "EPL needs TensorFlow, and this Python (%s) cannot import it (%s): %s"
+        % (sys.executable, _missing, INSTALL_TENSORFLOW), name="tensorflow") from _missing
 
 if tf.version.VERSION.startswith("1."):
     from epl import tf_adapter_tf1 as _impl

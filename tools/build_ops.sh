@@ -7,12 +7,19 @@
 # see setup.py). OUT_DIR defaults to epl/lib for TensorFlow 1 and to epl/lib/tf<major> for later
 # TensorFlows, so a TF1 and a TF2 environment sharing one source tree (.venv and .venv-tf2) each
 # keep their own build; epl/communicators/library.py looks there first.
+# A library is only ever used with the TensorFlow it was built for: OUT's previous libraries are
+# removed first (a skipped or failed build leaves none, never one built for another environment's
+# TensorFlow: a second `pip install .` from the same tree reuses build/), and a new one is stamped
+# with its TensorFlow's version in built_for.txt, which epl/communicators/library.py checks before
+# loading it.
 set -u
 PY="${1:-python}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-TF_MAJOR="$("$PY" -c 'import tensorflow as tf; print(tf.version.VERSION.split(".")[0])' 2>/dev/null)"
+TF_ID="$("$PY" -c 'import tensorflow as tf; print(tf.version.VERSION, tf.version.GIT_VERSION)' 2>/dev/null)"
+TF_MAJOR="${TF_ID%%.*}"
 if [ "${TF_MAJOR:-1}" = "1" ]; then OUT="${2:-$ROOT/epl/lib}"; else OUT="${2:-$ROOT/epl/lib/tf$TF_MAJOR}"; fi
 mkdir -p "$OUT"
+rm -f "$OUT/libepl_ops.so" "$OUT/libepl_nccl_ops.so" "$OUT/built_for.txt"
 # Every message also goes to build_status.txt, which `python -m epl.check_build` reports.
 STATUS="$OUT/build_status.txt"
 : > "$STATUS"
@@ -42,7 +49,8 @@ esac
 if "$CXX" -shared -fPIC -O3 "$ROOT"/csrc/ops/*.cc $FLAGS -lrt -o "$OUT/libepl_ops.so.tmp" \
     2>"$OUT/build.log"; then
   mv "$OUT/libepl_ops.so.tmp" "$OUT/libepl_ops.so"
-  say "build_ops: built $OUT/libepl_ops.so"
+  echo "tensorflow $TF_ID" > "$OUT/built_for.txt"
+  say "build_ops: built $OUT/libepl_ops.so for TensorFlow $TF_ID"
 else
   rm -f "$OUT/libepl_ops.so.tmp"
   say "build_ops: building the CPU op library failed (see $OUT/build.log); EPL uses TF fallbacks"

@@ -32,8 +32,9 @@ LOCAL_JOB = "localhost"
 WORKER_JOB = "worker"
 
 # Set by epl.env (the API layer) so that a Cluster can be used as a context
-# manager and can show the plan's devices without importing the layers above it:
-# [enter(cluster), exit(cluster), virtual_devices(cluster)].
+# manager, can show the plan's devices and reads the current config without
+# importing the layers above it: [enter(cluster), exit(cluster),
+# virtual_devices(cluster), run_visible_devices()].
 _ENV_HOOKS = []
 
 
@@ -167,9 +168,10 @@ class Cluster(object):
     ``Cluster(worker_hosts, worker_index, devices_per_worker)``; without
     ``devices_per_worker`` the devices are discovered (visible GPUs, else
     ``EPL_NUM_VIRTUAL_DEVICES`` virtual CPUs, both filtered by
-    ``run_visible_devices``). Without hosts, the workers come from TF_CONFIG
-    when it is set, as in ``epl.init()`` and the original EPL (else one local
-    worker). The original EPL's keywords ``ps_hosts`` (extra
+    ``run_visible_devices``, by default the current config's
+    ``cluster.run_visible_devices``, as ``epl.init`` filters them). Without
+    hosts, the workers come from TF_CONFIG when it is set, as in ``epl.init()``
+    and the original EPL (else one local worker). The original EPL's keywords ``ps_hosts`` (extra
     workers), ``job_name`` ("worker" or "ps": which list ``worker_index``
     counts in) and ``layout="auto"`` are accepted; other layouts are refused,
     because EPL's plan places TaskGraphs (see ``docs/migration.md``).
@@ -182,9 +184,11 @@ class Cluster(object):
     """
 
     def __init__(self, worker_hosts=None, worker_index=None, devices_per_worker=None,
-                 device_type=None, run_visible_devices="", ps_hosts=None, job_name=None,
+                 device_type=None, run_visible_devices=None, ps_hosts=None, job_name=None,
                  layout=None, environ=None, discovery=None):
         _check_layout(layout)
+        if run_visible_devices is None:
+            run_visible_devices = _configured_visible_devices(devices_per_worker)
         if discovery is None and worker_hosts is None and ps_hosts is None:
             discovery = _discover_bare(os.environ if environ is None else environ,
                                        worker_index, job_name)
@@ -376,6 +380,15 @@ class Cluster(object):
                 % (self.worker_num, self._worker_index, self._devices_per_worker,
                    self._device_type, ", hosts=%s" % self._hosts if self._distributed else "",
                    ", evaluator" if self.task_type == _tf_config.EVALUATOR else ""))
+
+
+def _configured_visible_devices(devices_per_worker):
+    """The current config's ``cluster.run_visible_devices`` for a Cluster that discovers
+    its devices ("" when they are given, or before ``epl.env`` is loaded): a bare
+    ``epl.Cluster()`` sees the devices ``epl.init`` would."""
+    if devices_per_worker is not None or len(_ENV_HOOKS) < 4:
+        return ""
+    return _ENV_HOOKS[3]()
 
 
 def _discover_bare(environ, worker_index, job_name):

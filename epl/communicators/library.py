@@ -27,6 +27,7 @@ def _library_dir():
 LIB_DIR = _library_dir()
 LIBRARY_PATH = os.path.join(LIB_DIR, "libepl_ops.so")
 NCCL_LIBRARY_PATH = os.path.join(LIB_DIR, "libepl_nccl_ops.so")
+STAMP = "built_for.txt"   # "tensorflow <version> <git version>", by tools/build_ops.sh
 _STATE = {}
 
 
@@ -39,10 +40,45 @@ def load():
     return _STATE["module"]
 
 
+def built_for(lib_dir):
+    """The TensorFlow (``"<version> <git version>"``) the libraries of ``lib_dir`` were built
+    for, from the ``built_for.txt`` that tools/build_ops.sh writes; None without one."""
+    try:
+        with open(os.path.join(lib_dir, STAMP)) as stamp:
+            words = stamp.read().split()
+    except OSError:
+        return None
+    return " ".join(words[1:]) if words[:1] == ["tensorflow"] else None
+
+
+def this_tensorflow():
+    tf = tf_adapter.tf
+    return "%s %s" % (tf.version.VERSION, tf.version.GIT_VERSION)
+
+
+def stale_reason(lib_dir):
+    """Why the libraries of ``lib_dir`` must not be loaded into this TensorFlow, or None.
+
+    A library built against another TensorFlow can load and then crash the process,
+    not fail cleanly, so one without a record of its TensorFlow is not loaded either."""
+    built, running = built_for(lib_dir), this_tensorflow()
+    if built == running:
+        return None
+    return ("built for %s, but this is TensorFlow %s: not loaded. Rebuild it for this "
+            "TensorFlow: pip install . again (or make setup in a source tree)"
+            % ("TensorFlow %s" % built if built else "an unknown TensorFlow (no %s)" % STAMP,
+               running))
+
+
 def _load():
     if not os.path.exists(LIBRARY_PATH):
         LOG.warning("EPL op library not built (%s): collectives and gradient buffers use "
                     "TensorFlow's ops; `python -m epl.check_build` says why", LIBRARY_PATH)
+        return None
+    stale = stale_reason(LIB_DIR)
+    if stale:
+        _STATE["error"] = stale
+        LOG.warning("EPL op library %s %s; using TensorFlow fallbacks", LIBRARY_PATH, stale)
         return None
     try:
         return tf_adapter.tf.load_op_library(LIBRARY_PATH)

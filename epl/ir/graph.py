@@ -51,8 +51,8 @@ Specialization = collections.namedtuple("Specialization", ["builder", "inputs", 
 class Graph(object):
     """Per-``tf.Graph`` EPL state; get it with :meth:`Graph.get`."""
 
-    # Set by epl.env (the API layer): config, cluster and plans for introspection,
-    # so that this layer never imports the planner or the Env.
+    # Set by epl.env (the API layer): config, cluster and plans for introspection, and
+    # whether epl.init ran, so that the layers below never import the planner or the Env.
     introspection = None
 
     def __init__(self, tf_graph):

@@ -10,6 +10,7 @@ plain data, so it can be unit-tested without starting processes; only
 * settings.py   command line -> Settings (validation, `--debug [BOOL]`)
 * plan.py       Settings -> WorkerSpecs (TF_CONFIG, devices, commands, env)
 * console.py    worker output -> terminal and logs, lines never interleaved
+* failure.py    a failed worker's error and last lines, for the failure summary
 * supervisor.py execute(): start, stream, supervise, tear down
 * cli.py        main(): the few impure inputs (ports, GPUs, clock) + execute
 

@@ -7,7 +7,8 @@ import socket
 import subprocess
 import sys
 
-from epl.launcher.plan import LaunchError, default_log_dir, plan_workers, visible_gpu_ids
+from epl.launcher.plan import (PYTHON_NAMES, LaunchError, default_log_dir, is_shell_script,
+                               plan_workers, python_dir, python_shim, visible_gpu_ids)
 from epl.launcher.settings import PROG, parse_args
 from epl.launcher.supervisor import execute
 
@@ -59,6 +60,18 @@ def _resolve_log_dir(settings):
     return settings._replace(log_dir=os.path.abspath(log_dir))
 
 
+def write_python_shims(log_dir, python=sys.executable):
+    """``<log_dir>/bin/python`` and ``python3`` running ``python`` (plan.python_shim), for
+    the shell scripts the launcher starts (their PATH begins with that directory)."""
+    directory = python_dir(log_dir)
+    os.makedirs(directory, exist_ok=True)
+    for name in PYTHON_NAMES:
+        path = os.path.join(directory, name)
+        with open(path, "w") as shim:
+            shim.write(python_shim(python))
+        os.chmod(path, 0o755)
+
+
 CHECK_BUILD = ("--check-build", "--check_build")
 
 
@@ -90,5 +103,7 @@ def main(argv=None, detect_gpus=count_gpus):
         sys.stderr.write("%s: error: %s\n" % (PROG, exc))
         return 2
     os.makedirs(settings.log_dir, exist_ok=True)
+    if is_shell_script(settings.script):
+        write_python_shims(settings.log_dir)
     print(_describe(settings, specs, gpu_ids), flush=True)
     return execute(specs)

@@ -7,6 +7,7 @@ so every decision can be unit-tested on a simulated cluster.
 import collections
 import json
 import os
+import shlex
 import sys
 
 from epl.launcher.settings import split_host_port
@@ -47,6 +48,25 @@ def task_dir(log_dir, index):
     files. Only worker 0 writes checkpoints, and EPL restores the other workers
     from worker 0's (they need no checkpoint of their own)."""
     return os.path.join(log_dir, str(index))
+
+
+# `python` and `python3` in the shell scripts the launcher starts: its own Python.
+PYTHON_NAMES = ("python", "python3")
+
+
+def python_dir(log_dir):
+    """``<log_dir>/bin``: the launcher's ``python`` for the shell scripts it starts."""
+    return os.path.join(log_dir, "bin")
+
+
+def python_shim(python):
+    """The text of ``python`` in :func:`python_dir`: a shell script that runs the
+    launcher's own interpreter by the path it was started with. A symlink would not
+    do: Python finds its virtualenv next to the path it is started from (pyvenv.cfg),
+    so a link to a venv's python elsewhere starts the base installation, without
+    the venv's TensorFlow."""
+    return ("#!/bin/sh\n# epl-launch: `python` in the shell scripts it starts is its own "
+            "Python\nexec %s \"$@\"\n" % shlex.quote(python))
 
 
 def worker_command(script, script_args, python, task_dir=None):
@@ -140,7 +160,9 @@ def worker_env(settings, hosts, index, slot, gpu_ids, base_env):
     variables are replaced so a stale value in the user's shell cannot silently
     change the job. EPL_TASK_DIR is the original EPL's task_dir, the worker's
     own `<log_dir>/<index>` (:func:`task_dir`), so .py scripts need no extra
-    argument; EPL_LAUNCH_LOG_DIR is the job's log directory."""
+    argument; EPL_LAUNCH_LOG_DIR is the job's log directory. A shell script finds
+    the launcher's Python first on PATH (:func:`python_dir`), as a .py script runs
+    with it, whatever the caller's PATH or activated virtualenv."""
     env = dict(base_env)
     env.pop("EPL_NUM_VIRTUAL_DEVICES", None)
     env.update(device_env(slot, settings.gpu_per_worker, gpu_ids))
@@ -148,6 +170,9 @@ def worker_env(settings, hosts, index, slot, gpu_ids, base_env):
     env["EPL_LAUNCH_LOG_DIR"] = settings.log_dir
     env["EPL_TASK_DIR"] = task_dir(settings.log_dir, index)
     env["PYTHONUNBUFFERED"] = "1"
+    if is_shell_script(settings.script):
+        path = env.get("PATH")
+        env["PATH"] = python_dir(settings.log_dir) + (os.pathsep + path if path else "")
     if settings.debug:
         env["EPL_DEBUG"] = "1"
     return env

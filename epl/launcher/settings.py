@@ -6,6 +6,7 @@ picked or any worker started.
 """
 import argparse
 import collections
+import difflib
 import re
 
 PROG = "epl-launch"
@@ -174,6 +175,38 @@ def explicit_debug_value(argv):
     return out
 
 
+def unknown_flag(argv):
+    """The first token before the script that starts like a flag but is no launcher flag
+    (None if there is none). ``argv`` is normalised (``explicit_debug_value``).
+
+    argparse alone reports such a typo badly: in ``--num_worker 1 --gpu_per_worker 2
+    train.py`` it takes ``1`` as the script and everything after it as the script's
+    arguments, then says the required flags are missing, never naming ``--num_worker``."""
+    known = VALUE_FLAGS | {"--debug", "-h", "--help"}
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        if token == "--" or not token.startswith("-") or token == "-":
+            return None
+        name, equals, _ = token.partition("=")
+        if name not in known:
+            return name
+        index += 2 if name in VALUE_FLAGS and not equals else 1
+    return None
+
+
+def _check_flags(parser, argv):
+    """Name an unknown launcher flag (and the flag it was probably meant to be)."""
+    name = unknown_flag(argv)
+    if name is None:
+        return
+    flags = sorted(VALUE_FLAGS | {"--debug"})
+    close = difflib.get_close_matches(name, flags, n=1)
+    parser.error("unrecognized launcher flag %s%s; the launcher's flags are %s, and they go "
+                 "before the script (the script's own flags go after it)"
+                 % (name, " (did you mean %s?)" % close[0] if close else "", ", ".join(flags)))
+
+
 def _check_machines(parser, ns):
     """Cross-flag checks of --machine_list / --machine_rank / --num_workers; they
     live at parse time so a bad command fails before anything starts."""
@@ -203,7 +236,9 @@ def parse_args(argv):
     "--debug", "True", "train.py", "--lr", "0.1"])`` gives debug=True,
     script="train.py", script_args=("--lr", "0.1")."""
     parser = _build_parser()
-    ns = parser.parse_args(explicit_debug_value(list(argv)))
+    argv = explicit_debug_value(list(argv))
+    _check_flags(parser, argv)
+    ns = parser.parse_args(argv)
     _check_machines(parser, ns)
     return Settings(
         num_workers=ns.num_workers, gpu_per_worker=ns.gpu_per_worker,

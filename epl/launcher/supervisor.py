@@ -5,7 +5,6 @@ in its own session (process group) so it can be stopped as a unit with its
 children and never receives the terminal's Ctrl-C: only the launcher decides
 when the job stops.
 """
-import collections
 import contextlib
 import os
 import signal
@@ -16,6 +15,7 @@ import threading
 import time
 
 from epl.launcher.console import Console, open_through_channel, pump_lines, pump_through
+from epl.launcher.failure import OutputRecord, error_lines
 from epl.launcher.plan import exit_code_for
 from epl.launcher.settings import PROG
 
@@ -70,7 +70,7 @@ def _start_through(spec, console, log, tail):
 
 def _start(spec, console):
     """Start one worker and its reader thread."""
-    tail = collections.deque(maxlen=TAIL_LINES)
+    tail = OutputRecord(TAIL_LINES)
     if spec.task_dir:
         os.makedirs(spec.task_dir, exist_ok=True)  # the worker's own directory
     log = _open_log(spec.log_path)
@@ -192,13 +192,17 @@ def _supervise(workers, received, poll_interval):
 
 
 def _report_failure(worker, err):
-    """Name the failed worker and show its last lines: the root cause is
-    usually there, and the other workers' logs only show the teardown."""
+    """Name the failed worker, lead with the error it printed (failure.py: a TF
+    error's message is far above its last lines), then show its last lines: the
+    root cause is there, and the other workers' logs only show the teardown."""
     code = exit_code_for(worker.proc.returncode)
     note = ""
     if worker.proc.returncode < 0:
         note = " (killed by %s)" % signal.Signals(-worker.proc.returncode).name
     err.write("%s: worker %d failed with exit code %d%s\n" % (PROG, worker.spec.index, code, note))
+    lead = error_lines(worker.tail.error())
+    if lead:
+        err.write("--- error of worker %d ---\n%s\n" % (worker.spec.index, "\n".join(lead)))
     err.write("--- last %d lines of %s ---\n" % (len(worker.tail), worker.spec.log_path))
     for line in worker.tail:
         err.write(line + "\n")

@@ -123,14 +123,21 @@ def _why_not(view, config):
     from epl import tf_adapter
     if tf_adapter.control_flow_context(view.tf_graph) is not None:
         return "tf.gradients is called inside a tf.while_loop or tf.cond body"
-    if config.auto.auto_parallel and (config.pipeline.num_stages or 1) > 1:
+    check_config(config)
+    return None
+
+
+def check_config(config):
+    """Refuse checkpointing with automatic stages (needs only the config, so ``epl.init``
+    refuses it too, before the model is built: epl.parallel.preflight)."""
+    if config.gradient_checkpoint.type and config.auto.auto_parallel and \
+            (config.pipeline.num_stages or 1) > 1:
         raise ConfigError(
             'gradient_checkpoint.type = %r with auto.auto_parallel = True and '
             "pipeline.num_stages = %d is not supported yet: stages are cut after the "
             "gradients are built, so recomputed segments could span stages. Use "
             "epl.replicate scopes for the stages, or set gradient_checkpoint.type = \"\""
             % (config.gradient_checkpoint.type, config.pipeline.num_stages))
-    return None
 
 
 def _warn_once(view, reason):

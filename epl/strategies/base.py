@@ -33,6 +33,7 @@ class Strategy(object):
         self.name = name
 
     def __enter__(self):
+        require_init("with %r:" % (self,))
         _context.get_context().enter(self)
         return self
 
@@ -65,6 +66,22 @@ class Split(Strategy):
     kind = SPLIT
 
 
+def require_init(usage):
+    """Refuse a strategy scope or default before ``epl.init()`` (docs/api.md says why an
+    error, not a warning): EPL's hooks are not installed, so the model would train as
+    plain single-device TensorFlow without a word, and ``epl.init()`` starts the scopes
+    over anyway, discarding a default strategy set before it."""
+    # Imported here: the IR view needs TensorFlow, and this package must load without it.
+    from epl.ir.graph import Graph
+    if Graph.introspection is not None and Graph.introspection.initialized():
+        return
+    raise StrategyError(
+        "%s before epl.init(): EPL is not initialized, so this strategy would do nothing "
+        "and the model would train as plain single-device TensorFlow. Call epl.init() "
+        "first, right after `import epl` (epl.init() also starts the scopes over, so a "
+        "strategy set before it is lost)." % usage)
+
+
 def replicate(device_count=None, name=None):
     """Open a data-parallel scope (seed API: ``epl.replicate``)."""
     return Replicate(device_count=device_count, name=name)
@@ -88,8 +105,8 @@ def set_default_strategy(strategy):
     if not isinstance(strategy, Replicate):
         raise StrategyError("set_default_strategy accepts epl.replicate(...), got %r"
                             % (strategy,))
+    require_init("epl.set_default_strategy(%r)" % (strategy,))
     segment = _context.get_context().set_default(strategy)
-    # Imported here: the IR view needs TensorFlow, and this package must load without it.
     from epl.ir.graph import Graph
     Graph.get().open_segment(segment)
     return strategy

@@ -10,11 +10,18 @@
 # The lines marked "EPL" are the only changes to a single-device script. The model, data and
 # training loop are the hand-placed tutorial's (train_pipeline.py), called without stages.
 """Fine-tune a tiny BERT on synthetic SQuAD; EPL finds the pipeline stages itself."""
+import os
+
 import tensorflow as tf
 import epl                                                                       # EPL
 
 import modeling
 from train_pipeline import bert_config, parse_args, squad_features, train
+
+# This example prints its own progress, so it turns TensorFlow's deprecation warnings and C++
+# info logs off (its own choice: EPL never changes TensorFlow's logging).
+tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TF reads it at its first C++ log line
 
 
 def main():

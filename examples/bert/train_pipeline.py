@@ -10,6 +10,7 @@
 # than stages, EPL runs several copies of the pipeline (data parallelism over pipelines).
 """Fine-tune a tiny BERT on synthetic SQuAD with hand-placed pipeline stages."""
 import argparse
+import os
 import time
 
 import tensorflow as tf
@@ -17,6 +18,11 @@ import epl                                                                      
 
 import modeling
 import squad_data
+
+# This example prints its own progress, so it turns TensorFlow's deprecation warnings and C++
+# info logs off (its own choice: EPL never changes TensorFlow's logging).
+tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TF reads it at its first C++ log line
 
 
 def parse_args(argv=None):

@@ -10,10 +10,16 @@
 # C capacity, M model width, H expert hidden width), as the model zoo's MoE models are.
 import argparse
 import math
+import os
 
 import numpy as np
 import tensorflow as tf
 import epl                                                                       # EPL
+
+# This example prints its own progress, so it turns TensorFlow's deprecation warnings and C++
+# info logs off (its own choice: EPL never changes TensorFlow's logging).
+tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TF reads it at its first C++ log line
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--steps", type=int, default=60)

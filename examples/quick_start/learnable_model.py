@@ -4,9 +4,16 @@
 # quick start's two dense layers (a wider hidden layer, Adam, batches of 32); the three EPL
 # lines are the same.
 # Run it with:  epl-launch --num_workers 2 --gpu_per_worker 2 learnable_model.py
+import os
+
 import numpy as np
 import tensorflow as tf
 import epl
+
+# This example prints its own progress, so it turns TensorFlow's deprecation warnings and C++
+# info logs off (its own choice: EPL never changes TensorFlow's logging).
+tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TF reads it at its first C++ log line
 
 epl.init()
 epl.set_default_strategy(epl.replicate(1))

@@ -1,8 +1,16 @@
 # local_model.py: the quick-start program from the EPL documentation (section 3.1),
-# with the three EPL lines added. Run it with:  epl-launch --num_workers 1 --gpu_per_worker 2 run.sh
+# with the three EPL lines added. Run it with (from any directory):
+#   epl-launch --num_workers 1 --gpu_per_worker 2 examples/quick_start/run.sh
+import os
+
 import numpy as np
 import tensorflow as tf
 import epl
+
+# This example prints its own progress, so it turns TensorFlow's deprecation warnings and C++
+# info logs off (its own choice: EPL never changes TensorFlow's logging).
+tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TF reads it at its first C++ log line
 
 epl.init()
 epl.set_default_strategy(epl.replicate(1))

@@ -1,2 +1,3 @@
 # run.sh: the local, single-device training command that epl-launch starts on every worker.
-python local_model.py
+# `python` is the launcher's Python; the script runs from any directory.
+python "$(dirname "$0")/local_model.py"

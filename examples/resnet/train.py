@@ -10,11 +10,17 @@
 # launcher (`python examples/resnet/train.py`) it trains on one device.
 """Train a tiny ResNet with data parallelism over every device of the job."""
 import argparse
+import os
 import time
 
 import numpy as np
 import tensorflow as tf
 import epl                                                                       # EPL
+
+# This example prints its own progress, so it turns TensorFlow's deprecation warnings and C++
+# info logs off (its own choice: EPL never changes TensorFlow's logging).
+tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TF reads it at its first C++ log line
 
 # ResNet-50 has (3, 4, 6, 3) bottleneck blocks of widths (64, 128, 256, 512) at 224x224;
 # the defaults below keep its structure and shrink everything else to run on 2 CPU cores.

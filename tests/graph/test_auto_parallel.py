@@ -358,14 +358,23 @@ def test_default_strategy_with_auto_parallel_is_refused():
                        setup=lambda: epl.set_default_strategy(epl.replicate(1)))
 
 
-def test_num_stages_without_auto_parallel_is_refused():
+def test_num_stages_without_auto_parallel_is_refused_by_epl_init():
+    """Refused before the model is built (tests/graph/test_init_refusals.py)."""
     with pytest.raises(ConfigError, match="pipeline.num_stages=2 is only read by automatic"):
-        _build_and_run(epl.Config({"pipeline.num_stages": 2}))
+        epl.init(epl.Config({"pipeline.num_stages": 2}), cluster=Cluster(devices_per_worker=2))
 
 
 def test_stages_must_divide_the_devices():
+    with pytest.raises(partition.PartitionError,
+                       match="num_stages=3 does not divide the job's 4 devices"):
+        epl.init(_config(stages=3), cluster=Cluster(devices_per_worker=4))
+    # the pass refuses it too, for a rewrite started without epl.init's check
+    epl.init(_config(stages=2), cluster=Cluster(devices_per_worker=4))
+    model = BlockMLP()
+    model.train_op(model.loss(corpusutil.dataset(model.data(8), model.batch)))
+    view = epl.Graph.get()
     with pytest.raises(PlanError, match="num_stages=3 does not divide the job's 4 devices"):
-        _build_and_run(_config(stages=3), devices=4)
+        rewriter.plan_for(view, _config(stages=3), Cluster(devices_per_worker=4))
 
 
 class _Tiny(Model):

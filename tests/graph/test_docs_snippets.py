@@ -192,6 +192,9 @@ def resnet(images):
     h = tf.nn.relu(tf.layers.conv2d(images, 8, 3, padding="same"))
     return tf.reduce_mean(h, [1, 2])
 ''',
+    "resnet_init": "__resnet__" + '''
+epl.init()   # a fragment that opens strategies comes after the program's epl.init()
+''',
     "training": _INPUTS + '''
 features, labels = _inputs(epochs=2)  # 16 steps, then the session stops
 logits = tf.layers.dense(tf.layers.dense(features, 16, activation=tf.nn.relu), 4)

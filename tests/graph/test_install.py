@@ -12,6 +12,7 @@ or say why it was not built.
 import glob
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -123,15 +124,22 @@ def _setup_module():
     return module
 
 
-def test_the_build_reads_the_flags_of_the_target_environment_under_build_isolation(tmp_path):
-    """pip builds in an environment that hides the user's packages (PYTHONNOUSERSITE and a
-    sitecustomize on PYTHONPATH); build_ops asks a fresh interpreter without them."""
+def _hider(tmp_path):
+    """A directory whose sitecustomize hides site-packages (TensorFlow) from a Python that
+    has it on PYTHONPATH, as pip's build isolation does."""
     hider = tmp_path / "isolation"
-    hider.mkdir()
+    hider.mkdir(exist_ok=True)
     (hider / "sitecustomize.py").write_text(textwrap.dedent("""
         import sys
         sys.path[:] = [p for p in sys.path if not p.endswith("site-packages")]
     """))
+    return hider
+
+
+def test_the_build_reads_the_flags_of_the_target_environment_under_build_isolation(tmp_path):
+    """pip builds in an environment that hides the user's packages (PYTHONNOUSERSITE and a
+    sitecustomize on PYTHONPATH); build_ops asks a fresh interpreter without them."""
+    hider = _hider(tmp_path)
     isolated = _clean_env(PYTHONPATH=str(hider), PYTHONNOUSERSITE="1", CXX="/nonexistent/g++")
     hidden = subprocess.run(["bash", os.path.join(ROOT, "tools", "build_ops.sh"),
                              sys.executable, str(tmp_path / "plain")], env=isolated,
@@ -140,3 +148,68 @@ def test_the_build_reads_the_flags_of_the_target_environment_under_build_isolati
     report = _setup_module().build_ops(str(tmp_path / "out"), sys.executable, isolated)
     assert "/nonexistent/g++ not found" in report   # got past TensorFlow's flags
     assert "/nonexistent/g++ not found" in (tmp_path / "out" / "build_status.txt").read_text()
+
+
+def test_epl_without_tensorflow_says_what_to_install():
+    """Before: `pip install .` succeeded without TensorFlow, then epl.init() raised a bare
+    "ModuleNotFoundError: No module named 'tensorflow'" from deep inside EPL."""
+    code = ("import sys\nsys.modules['tensorflow'] = None  # as in a Python without it\n"
+            "import epl\nprint('EPL', epl.VERSION)\nepl.init()\n")
+    done = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, env=_clean_env(),
+                          timeout=120)
+    assert done.returncode == 1 and done.stdout == "EPL 0.1.0\n"   # `import epl` works
+    error = done.stderr.strip().split("\n")[-1]
+    assert error.startswith("ModuleNotFoundError: EPL needs TensorFlow, and this Python (%s) "
+                            "cannot import it" % sys.executable)
+    assert 'pip install "tensorflow==1.15.5"' in error and "tensorflow-cpu==2.15.1" in error
+    assert "install EPL again (pip install .)" in error
+
+
+def _stale_library_dir(tmp_path, stamp):
+    lib_dir = tmp_path / "lib"
+    lib_dir.mkdir()
+    shutil.copy(BUILT, str(lib_dir / "libepl_ops.so"))
+    if stamp is not None:
+        (lib_dir / library.STAMP).write_text(stamp)
+    return str(lib_dir)
+
+
+@pytest.mark.parametrize("stamp,said", [
+    ("tensorflow 2.99.0 v2.99.0-0-g0\n", "built for TensorFlow 2.99.0 v2.99.0-0-g0, but this "
+                                         "is TensorFlow %s" % tf.version.VERSION),
+    (None, "built for an unknown TensorFlow (no built_for.txt)")])
+def test_a_library_built_for_another_tensorflow_is_never_loaded(
+        tmp_path, monkeypatch, stamp, said):
+    """Before: any libepl_ops.so in epl/lib/ was loaded; one built against another
+    TensorFlow can crash the process instead of failing to load."""
+    lib_dir = _stale_library_dir(tmp_path, stamp)
+    monkeypatch.setattr(library, "LIB_DIR", lib_dir)
+    monkeypatch.setattr(library, "LIBRARY_PATH", os.path.join(lib_dir, "libepl_ops.so"))
+    monkeypatch.setattr(library, "_STATE", {})
+    assert library.load() is None
+    assert said in library.load_error() and "pip install . again" in library.load_error()
+    assert library.stale_reason(os.path.dirname(BUILT)) is None   # make setup's own build
+
+
+def test_a_build_that_cannot_run_leaves_no_library_of_an_earlier_build(tmp_path):
+    """Before: a second `pip install .` from the same tree, into an environment where the
+    build could not run, installed the library build/ kept from the first environment."""
+    for name in ("hidden", "no_compiler"):
+        out = tmp_path / name
+        out.mkdir()
+        for stale in ("libepl_ops.so", "libepl_nccl_ops.so", library.STAMP):
+            (out / stale).write_text("from another environment")
+        environ = _clean_env(CXX="/nonexistent/g++")
+        if name == "hidden":    # TensorFlow not importable: the build stops early
+            environ["PYTHONPATH"] = str(_hider(tmp_path))
+            subprocess.run(["bash", os.path.join(ROOT, "tools", "build_ops.sh"),
+                            sys.executable, str(out)], env=environ, stdout=subprocess.PIPE)
+        else:
+            _setup_module().build_ops(str(out), sys.executable, environ)
+        assert sorted(os.listdir(str(out))) == ["build_status.txt"], name
+    out = tmp_path / "skipped"
+    out.mkdir()
+    (out / "libepl_ops.so").write_text("from another environment")
+    _setup_module().remove_libraries(str(out))     # EPL_BUILD_OPS=0
+    assert os.listdir(str(out)) == []

@@ -312,9 +312,10 @@ def test_a_pipeline_that_shards_itself_is_refused(tmp_path):
     ({"io.drop_last_files": True}, "only applies when io.slicing=True"),
     ({"io.slicing": True, "io.drop_last_files": True, "io.unbalanced_io_slicing": True},
      "opposite things")])
-def test_flag_combinations_are_refused(tmp_path, config, text):
-    paths = write_files(tmp_path, 4)
-    assert text in rewrite_error(lambda: interleave_pipeline(paths), config)
+def test_flag_combinations_are_refused_by_epl_init(config, text):
+    """Before: refused by the rewrite, after the model was built."""
+    with pytest.raises(IOSlicingError, match=text):
+        epl.init(epl.Config(config), cluster=Cluster(HOSTS, 0, 1))
 
 
 def test_one_worker_reads_every_file(tmp_path):

@@ -1,5 +1,7 @@
 """The original EPL's public surface where user code touches it (docs/api.md)."""
+import json
 import logging
+import os
 import threading
 
 import numpy as np
@@ -87,6 +89,33 @@ def test_init_inside_a_graph_keeps_that_graphs_ops():
         view = epl.Graph.get()
         assert graph.get_operation_by_name("early") is not None
         assert view.info("early").taskgraph == view.info("late").taskgraph == 0
+
+
+# ---- forgetting epl.init -----------------------------------------------------------
+@pytest.mark.parametrize("use", ["set_default_strategy", "replicate", "split"])
+def test_a_strategy_before_epl_init_is_an_error(use):
+    """Before: a script with epl.replicate / set_default_strategy but no epl.init() trained
+    as plain single-device TensorFlow without a word."""
+    assert not epl.Env.get().initialized
+    with pytest.raises(epl.StrategyError, match=r"before epl.init\(\): EPL is not "
+                                                r"initialized.*Call epl.init\(\) first"):
+        if use == "set_default_strategy":
+            epl.set_default_strategy(epl.replicate(1))
+        else:
+            with getattr(epl, use)(2):
+                tf.ones([2])
+    assert epl.Env.get().strategy_context.current is None
+    epl.init()
+    epl.reset()    # and after epl.reset() as before epl.init()
+    with pytest.raises(epl.StrategyError, match="before epl.init"):
+        epl.set_default_strategy(epl.replicate(1))
+
+
+def test_a_strategy_made_before_epl_init_works_after_it():
+    strategy = epl.replicate(1, name="made_early")   # making one is harmless
+    epl.init()
+    epl.set_default_strategy(strategy)
+    assert [tg.name for tg in epl.Graph.get().taskgraphs] == ["made_early"]
 
 
 # ---- set_default_strategy and empty TaskGraphs -------------------------------------
@@ -238,6 +267,44 @@ def test_run_visible_devices_selects_virtual_devices(monkeypatch):
     monkeypatch.setenv("EPL_CLUSTER_RUN_VISIBLE_DEVICES", "1,4")
     with pytest.raises(ClusterError, match="run_visible_devices='1,4'"):
         epl.init()
+
+
+def test_a_bare_cluster_sees_the_devices_of_the_current_config(monkeypatch):
+    """Before: epl.Cluster() read TF_CONFIG but not cluster.run_visible_devices, and said 4
+    devices per worker where epl.Env.get().cluster said 2."""
+    monkeypatch.setenv("EPL_NUM_VIRTUAL_DEVICES", "4")
+    monkeypatch.setenv("EPL_CLUSTER_RUN_VISIBLE_DEVICES", "1,2")
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+        "task": {"type": "worker", "index": 1}}))
+    bare = epl.Cluster()
+    assert (bare.worker_num, bare.worker_index, bare.gpu_num_per_worker) == (2, 1, 2)
+    assert bare.run_visible_devices == "1,2" and bare == epl.Env.get().cluster
+    epl.init(epl.Config({"cluster.run_visible_devices": "3"}))
+    assert epl.Cluster() == epl.Env.get().cluster and epl.Cluster().gpu_num_per_worker == 1
+    assert epl.Cluster(run_visible_devices="").gpu_num_per_worker == 4   # explicit wins
+    assert epl.Cluster(devices_per_worker=3).run_visible_devices == ""
+
+
+@pytest.mark.parametrize("verbosity", [tf.logging.DEBUG, tf.logging.WARN])
+def test_epl_leaves_tensorflows_logging_alone(monkeypatch, verbosity):
+    """The examples turn TF's warnings off themselves; EPL never changes a user's logging."""
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    logger, previous = tf.get_logger(), tf.logging.get_verbosity()
+    handlers = list(logger.handlers)
+    tf.logging.set_verbosity(verbosity)
+    try:
+        x, y = make_data(32)
+        epl.init(cluster=Cluster(devices_per_worker=2))
+        epl.set_default_strategy(epl.replicate(1))
+        train = train_step(mlp(*dataset_input(x, y, 8), weights=initial_weights()))
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            sess.run(train)
+        assert tf.logging.get_verbosity() == verbosity and logger.handlers == handlers
+        assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
+    finally:
+        tf.logging.set_verbosity(previous)
 
 
 def test_exports():

@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+import tensorflow.compat.v1 as tf
 
 from epl import launcher
+from eplutil import user_examples
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -139,6 +141,43 @@ def test_failed_worker_stops_the_others(tmp_path):
     assert "[worker 0] line 25" in out.getvalue()
 
 
+@pytest.mark.timeout(120)
+def test_the_failure_summary_leads_with_the_tensorflow_error(tmp_path):
+    """TF prints the failing node's original stack trace after the error, so the last 20
+    lines held only frames. Before: the summary was those 20 lines, without the error."""
+    script = _script(tmp_path, """
+        import tensorflow.compat.v1 as tf
+        tf.disable_eager_execution()
+        x = tf.placeholder(tf.float32, [None])
+        check = tf.Assert(tf.reduce_all(x > 0), ["x must be positive", x], name="positive")
+        with tf.control_dependencies([check]):
+            y = tf.identity(x)
+        with tf.Session() as sess:
+            sess.run(y, {x: [1.0, -1.0]})
+    """)
+    settings = launcher.parse_args(["--num_workers", "1", "--gpu_per_worker", "1",
+                                    "--log_dir", str(tmp_path / "logs"), script])
+    specs = launcher.plan_workers(settings, ["127.0.0.1:1"], [],
+                                  dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    err = io.StringIO()
+    assert launcher.execute(specs, stdout=io.StringIO(), stderr=err) == 1
+    lines = err.getvalue().split("\n")
+    assert lines[:2] == ["epl-launch: worker 0 failed with exit code 1",
+                         "--- error of worker 0 ---"]
+    tail = [i for i, line in enumerate(lines) if line.startswith("--- last 20 lines of ")]
+    assert tail, err.getvalue()
+    lead = lines[2:tail[0]]
+    assert "InvalidArgumentError: " in lead[0]
+    assert any(line.endswith("assertion failed: [x must be positive] [1 -1]") for line in lead)
+    if tf.version.VERSION.startswith("1."):
+        assert lead[-2].lstrip().startswith("[[node positive/AssertGuard/Assert (defined at ")
+        # the user's line, below TensorFlow's frames (TF 1.15 drops the path's leading "/")
+        assert lead[-1].startswith("failing node: positive/AssertGuard/Assert (created at ")
+        assert lead[-1].endswith("%s:7)" % script.lstrip("/"))
+    else:   # TF 2.x: the Assert runs inside the cond's function, with no original trace
+        assert lead[-1] == "failing node: Assert"
+
+
 @pytest.mark.timeout(60)
 def test_worker_ignoring_sigterm_is_killed_after_grace(tmp_path):
     pid_file = tmp_path / "pid1"
@@ -225,6 +264,47 @@ def test_shell_script_gets_the_task_dir_first(tmp_path, capsys, monkeypatch):
         assert '"index": %d' % i in (task_dir / "train.tf_record").read_text()
     assert "[worker 1] I am one" in out.out and "[worker 0] I am one" not in out.out
     assert "already written" not in out.out
+
+
+@pytest.mark.timeout(60)
+def test_a_shell_scripts_python_is_the_launchers(tmp_path, capsys, monkeypatch):
+    """Before: `python` in a shell script was whatever the caller's PATH had (here none:
+    "python: command not found"; in a shell without the venv activated, a Python
+    without TensorFlow)."""
+    script = _script(tmp_path, """\
+        python -c 'import sys; print("python is", sys.executable)'
+        python3 -c 'import sys; print("python3 is", sys.executable)'
+    """, name="run.sh")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    code, out = _run_main(tmp_path, ["--num_workers", "1", "--gpu_per_worker", "1", script],
+                          capsys, monkeypatch)
+    assert code == 0, out.err
+    assert "[worker 0] python is %s\n" % sys.executable in out.out
+    assert "[worker 0] python3 is %s\n" % sys.executable in out.out
+
+
+@pytest.mark.timeout(180)
+def test_the_quick_start_shell_script_runs_from_any_directory(tmp_path, capsys, monkeypatch,
+                                                              tmp_path_factory):
+    """Before: run.sh said `python local_model.py`, which fails unless the caller's
+    directory is examples/quick_start ("can't open file 'local_model.py'")."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    monkeypatch.setenv("PYTHONPATH", REPO)
+    script = os.path.join(user_examples(tmp_path_factory), "quick_start", "run.sh")
+    code, out = _run_main(tmp_path, ["--num_workers", "1", "--gpu_per_worker", "2", script],
+                          capsys, monkeypatch)
+    assert code == 0, out.err + out.out[-3000:]
+    lines = out.out.strip().split("\n")
+    assert lines[-1] == "[worker 0] Train Finished."
+    # Its own output is not drowned in TF's (before: 10 deprecation warnings with their
+    # instructions and 6 C++ info lines around its 11 lines; the example turns them off)
+    assert [line for line in lines if "Iteration" in line] == lines[-11:-1]
+    # On TF 2.x the tf.compat.v1 switch (docs/tf2.md) warns before the program's own
+    # logging line runs, and Keras warns about tf.layers through Python's warnings module.
+    if tf.version.VERSION.startswith("1."):
+        assert len(lines) == 12, "\n".join(lines)   # the launcher's line and the example's 11
 
 
 @pytest.mark.timeout(60)

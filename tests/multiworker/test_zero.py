@@ -7,6 +7,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import epl
+from epl.cluster import Cluster
 from eplutil import (MEASURED, AdamWeightDecay, dataset_input, initial_weights, make_data, mlp,
                      run_workers, serial_train, slot_bytes_by_device,
                      worker_rows)
@@ -113,18 +114,8 @@ def test_zero_refuses_what_it_cannot_combine_with_naming_both_keys(level, key):
     wire: a clip of the reduced gradients' global norm would differ between members,
     and v2 refuses an fp16 reduction it would ignore (v1 warns, see
     tests/unit/test_zero_owners.py)."""
-    def worker(index):
-        epl.set_default_strategy(epl.replicate(1))
-        x, y = make_data(16)
-        loss = mlp(*dataset_input(x, y, 4), weights=initial_weights())
-        train = tf.train.AdamOptimizer(0.01).minimize(loss)
-        try:
-            with tf.Session() as sess:
-                sess.run(tf.global_variables_initializer())
-                sess.run(train)
-        except ValueError as error:
-            return str(error)
-        return "trained without an error"
     config = epl.Config({"zero.level": level, "communication." + key: True})
-    message = run_workers(worker, 1, 2, config)[0]
+    with pytest.raises(ValueError) as info:   # by epl.init: before, at the first run
+        epl.init(config, cluster=Cluster(["127.0.0.1:1", "127.0.0.1:2"], 0, 1))
+    message = str(info.value)
     assert "zero.level=%r" % level in message and "communication.%s=True" % key in message

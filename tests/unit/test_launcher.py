@@ -65,6 +65,28 @@ def test_script_is_required(capsys):
     assert "script" in _error(capsys, BASE)
 
 
+@pytest.mark.parametrize("argv,named,meant", [
+    (["--num_worker", "1", "--gpu_per_worker", "2", "train.py"], "--num_worker",
+     "--num_workers"),
+    (BASE + ["--log-dir", "logs", "train.py"], "--log-dir", "--log_dir"),
+    (BASE + ["--gpu_per_worker=2", "--machine_rnak=0", "train.py"], "--machine_rnak",
+     "--machine_rank"),
+    (BASE + ["-v", "train.py"], "-v", None),
+])
+def test_a_typo_in_a_launcher_flag_names_it(capsys, argv, named, meant):
+    """Before: argparse took the typo's value as the script and said the required flags
+    were missing, never naming the typo."""
+    err = _error(capsys, argv)
+    assert "unrecognized launcher flag %s" % named in err
+    assert "required" not in err
+    assert ("did you mean %s?" % meant in err) if meant else "did you mean" not in err
+
+
+def test_flags_after_the_script_are_the_scripts():
+    s = parse_args(BASE + ["--debug", "true", "--log_dir=x", "train.py", "--num_worker", "1"])
+    assert s.log_dir == "x" and s.script_args == ("--num_worker", "1")
+
+
 @pytest.mark.parametrize("flag,value", [
     ("--num_workers", "0"), ("--num_workers", "-1"), ("--num_workers", "two"),
     ("--gpu_per_worker", "0"), ("--gpu_per_worker", "1.5"),
@@ -289,6 +311,17 @@ def test_every_worker_gets_its_own_task_dir_as_the_original_did():
     assert [s.env["EPL_TASK_DIR"] for s in specs] == [s.task_dir for s in specs] == dirs
     assert all(s.env["EPL_LAUNCH_LOG_DIR"] == "logs" for s in specs)
     assert task_dir("/jobs/a", 7) == "/jobs/a/7"
+
+
+def test_a_shell_script_finds_the_launchers_python_first_on_path():
+    shell = plan_workers(_settings(BASE + ["run.sh"]), HOSTS, [], dict(ENV, PATH="/usr/bin"),
+                         python=PY)
+    assert [s.env["PATH"] for s in shell] == [os.path.join("logs", "bin") + ":/usr/bin"] * 2
+    script = plan_workers(_settings(BASE + ["t.py"]), HOSTS, [], dict(ENV, PATH="/usr/bin"),
+                          python=PY)
+    assert [s.env["PATH"] for s in script] == ["/usr/bin"] * 2
+    assert launcher.plan.python_shim("/my venv/bin/python").endswith(
+        "exec '/my venv/bin/python' \"$@\"\n")
 
 
 def test_plan_too_few_gpus_names_the_numbers():
