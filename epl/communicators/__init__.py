@@ -10,7 +10,8 @@ collective ops otherwise.
 
 Backend contract (``group`` has ``devices``, ``size``, ``key``, ``rank(device)``):
 ``all_reduce(t, group, device, key, mean)``, ``all_gather(t, group, device, key)``
-(concatenation along dim 0 in group order), ``broadcast_send(t, group, device,
+(concatenation along dim 0 in group order; optionally ``all_gather_v`` where
+members' dim 0 may differ, else :mod:`~epl.communicators.gather_v` pads), ``broadcast_send(t, group, device,
 key)``, ``broadcast_recv(shape, dtype, group, device, key)``,
 ``reduce_scatter(t, group, device, key, mean)`` (this member's slice of dim 0)
 and ``alltoall(t, group, device, key)`` (dim 0 split in group-size chunks; chunk
@@ -21,6 +22,7 @@ Example::
     comm = Communicator("grads/tg0", devices, KeyRegistry())
     reduced = comm.all_reduce(grad, devices[1], "dense/kernel", mean=True)
 """
+from epl.communicators import gather_v
 from epl.communicators.keys import KeyRegistry, stable_key  # noqa: F401
 from epl.communicators.nccl import NcclBackend
 from epl.communicators.ring import RingBackend
@@ -100,6 +102,20 @@ class Communicator(object):
     def all_gather(self, tensor, device, name):
         """Every member's tensor concatenated along dim 0, in group order."""
         return self._build(device, name, "all_gather", tensor)
+
+    def all_gather_v(self, tensor, device, name):
+        """Every member's tensor concatenated along dim 0, in group order, where
+        members may have different numbers of rows (sparse gradients): the backend's
+        own variable-size all-gather where it has one (EPL's ring), else row counts,
+        then a padded all-gather, then trimming (:mod:`epl.communicators.gather_v`)."""
+        if len(self.devices) == 1 or self.native_gather_v:
+            return self._build(device, name, "all_gather_v", gather_v.as_rows(tensor))
+        return gather_v.all_gather_v(self, tensor, device, name)
+
+    @property
+    def native_gather_v(self):
+        """True when the backend moves exactly the members' rows (no padding)."""
+        return hasattr(self.backend, "all_gather_v")
 
     def broadcast_send(self, tensor, device, name):
         """Send ``tensor`` from ``device`` (the root) to every other member."""
