@@ -57,6 +57,21 @@ class Communicator(object):
         self._keys = keys
         self.backend = backend or select_backend(self.devices, context)
         self.op_names = []  # every collective op built, for diagnostics
+        # collectives that run only in the steps that choose them (a variable-size
+        # all-gather's buckets), and the ops that join them (which every step runs)
+        self._gated, self._joins = set(), []
+
+    def step_op_names(self):
+        """Names of the collective ops (or the joins of gated ones) every step runs:
+        what an op that must follow all of a step's collectives may wait for (a
+        control input from a collective some step skips would make it skip too)."""
+        return [n for n in self.op_names if n not in self._gated] + self._joins
+
+    def gate(self, op_names, join):
+        """Record ``op_names`` as run only by the steps that choose them, joined by the
+        op ``join`` (a Merge) in every step."""
+        self._gated.update(op_names)
+        self._joins.append(join.name)
 
     def setup_ops(self):
         """Ops to run once before the first step (backend connection setup)."""

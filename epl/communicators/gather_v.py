@@ -18,7 +18,8 @@ run (TF 1.15: "Inconsistent output shapes" on a later step with another size),
 so for backends with ``static_shapes`` step 3 pads to a power of two instead,
 ``BUCKETS`` sizes from 16 to 2**24 rows, each its own collective: every member
 takes the same one (all computed it from the same counts); the others are dead
-in that step and do not run. A tensor whose rows are static is gathered as is.
+in that step and do not run (:meth:`Communicator.step_op_names` gives what to wait
+for instead). A tensor whose rows are static is gathered as is.
 
 Example (one member, on ``device``)::
 
@@ -69,7 +70,9 @@ def all_gather_v(comm, tensor, device, name):
 def _pad(tensor, rows):
     """``tensor`` with ``rows`` rows of zeros appended."""
     padding = tf.concat([[[0, rows]], tf.zeros([tensor.shape.ndims - 1, 2], tf.int32)], 0)
-    return tf.pad(tensor, padding)
+    padded = tf.pad(tensor, padding)
+    padded.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
+    return padded
 
 
 def _bucketed(comm, tensor, count, most, device, name):
@@ -91,6 +94,8 @@ def _bucketed(comm, tensor, count, most, device, name):
         parts.append(comm.all_gather(padded, device, "%s/data%d" % (name, size)))
     with tf.device(device), tf.name_scope("EPL_GATHER_V"):
         gathered = tf_adapter.merge(parts)
+    comm.gate([part.op.name for part in parts], gathered.op)
+    with tf.device(device), tf.name_scope("EPL_GATHER_V"):
         return gathered, tf.shape(gathered, out_type=tf.int32)[0] // comm.size
 
 
