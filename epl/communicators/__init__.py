@@ -11,8 +11,8 @@ collective ops otherwise.
 Backend contract (``group`` has ``devices``, ``size``, ``key``, ``rank(device)``):
 ``all_reduce(t, group, device, key, mean)``, ``all_gather(t, group, device, key)``
 (concatenation along dim 0 in group order; optionally ``all_gather_v`` where
-members' dim 0 may differ, else :mod:`~epl.communicators.gather_v` pads), ``broadcast_send(t, group, device,
-key)``, ``broadcast_recv(shape, dtype, group, device, key)``,
+members' dim 0 may differ, else :mod:`~epl.communicators.gather_v` pads),
+``broadcast_send(t, group, device, key)``, ``broadcast_recv(shape, dtype, group, device, key)``,
 ``reduce_scatter(t, group, device, key, mean)`` (this member's slice of dim 0)
 and ``alltoall(t, group, device, key)`` (dim 0 split in group-size chunks; chunk
 j goes to member j; the result concatenates what each member sent us).

@@ -1,7 +1,7 @@
 """Sparse (IndexedSlices) gradient reduction over one communicator.
 
 Two ways, chosen per variable by the gradient plan
-(``communication.sparse_reduction``, :func:`choose_reduction`):
+(``communication.sparse_reduction``, :func:`epl.buckets.sparse_reduction`):
 
 * ``gather``: every member's rows, values and indices, concatenated in group
   order, so the optimizer's sparse update (which sums duplicate rows) sees
@@ -25,7 +25,6 @@ Example (one member, on ``device``)::
 """
 from epl.tf_adapter import tf
 
-GATHER, ALL_REDUCE, AUTO = "gather", "all_reduce", "auto"
 _WORD = tf.int32
 _HALF_WIRE = (tf.float32, tf.float64)
 
@@ -63,35 +62,6 @@ class SparseReducer(object):
         dense = comm.all_reduce(dense, device, "grad_dense/" + name, mean=self.mean)
         touched = comm.all_reduce(touched, device, "grad_touched/" + name, mean=False)
         return dense, touched
-
-
-def choose_reduction(choice, table_shape, value_bytes, index_bytes, rows, group_size,
-                     runs=1, accumulated=False):
-    """(``gather`` or ``all_reduce``, why) for one sparse gradient; pure arithmetic.
-
-    ``choice`` is ``communication.sparse_reduction``; "auto" compares the bytes a
-    member receives: a gather of ``rows`` static rows per micro-batch times ``runs``
-    (micro-batches and accumulated runs; ``accumulated`` ones are summed into the
-    touched rows, at most the table's) from each other member, against a ring
-    all-reduce of the table and its touch counts, ``2 (n - 1) / n`` of their size.
-    Unknown rows (the usual case for SparseTensor features) keep the gather: its
-    cost follows the batch, the all-reduce's the table.
-    """
-    if choice != AUTO:
-        return choice, ""
-    table_rows, row_elements = table_shape[0], 1
-    for dim in table_shape[1:]:
-        row_elements *= dim
-    if rows is None:
-        return GATHER, "auto: rows per step unknown until run time"
-    rows *= runs
-    if accumulated:
-        rows = min(table_rows, rows)
-    gather = (group_size - 1) * rows * (row_elements * value_bytes + index_bytes)
-    reduce_ = 2.0 * (group_size - 1) / group_size * table_rows * (row_elements + 1) * value_bytes
-    if reduce_ < gather:
-        return ALL_REDUCE, "auto: all-reduce %d B < gather %d B" % (reduce_, gather)
-    return GATHER, "auto: gather %d B <= all-reduce %d B" % (gather, reduce_)
 
 
 def scatter_rows(values, indices, shape):

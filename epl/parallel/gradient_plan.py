@@ -16,7 +16,7 @@ Reductions:
   rows of the accumulated sum, once per apply;
 * ``rows_all_reduce``: sparse gradients added into a dense buffer with per-row
   touch counts, both all-reduced, the touched rows released
-  (``communication.sparse_reduction``, :func:`epl.communicators.sparse.choose_reduction`);
+  (``communication.sparse_reduction``, :func:`epl.buckets.sparse_reduction`);
 * ``local``: a group of one device, nothing to communicate.
 
 * ``reduce_scatter``: ZeRO v1 and v2, buffers laid out by ``owner``
@@ -27,8 +27,8 @@ Reductions:
 """
 import collections
 
-from epl.buckets import plan_buckets
-from epl.communicators import sparse as sparse_choice
+from epl.buckets import (SPARSE_ALL_REDUCE, SPARSE_AUTO, SPARSE_GATHER, plan_buckets,
+                         sparse_reduction)
 from epl.parallel.mesh import Group
 
 ALL_REDUCE, ALL_GATHER, ROWS_ALL_REDUCE, LOCAL, REDUCE_SCATTER = (
@@ -161,15 +161,15 @@ def _sparse_reduction(info, group, comm_config, runs, accumulated):
     micro-batches and (``accumulated``) runs, and why."""
     choice = comm_config.sparse_reduction
     if info.shape is None or None in info.shape:
-        if choice == sparse_choice.ALL_REDUCE:
+        if choice == SPARSE_ALL_REDUCE:
             raise ValueError("communication.sparse_reduction='all_reduce' needs the static "
                              "shape of %s, which is %s; use 'gather' or 'auto'"
                              % (info.name, info.shape))
-        return ALL_GATHER, ("variable shape unknown" if choice == sparse_choice.AUTO else "")
-    choice, why = sparse_choice.choose_reduction(
+        return ALL_GATHER, ("variable shape unknown" if choice == SPARSE_AUTO else "")
+    choice, why = sparse_reduction(
         choice, info.shape, _dtype_bytes(info.dtype), info.index_bytes, info.rows,
         group.size, runs, accumulated)
-    return (ALL_GATHER if choice == sparse_choice.GATHER else ROWS_ALL_REDUCE), why
+    return (ALL_GATHER if choice == SPARSE_GATHER else ROWS_ALL_REDUCE), why
 
 
 def _dtype_bytes(name):
