@@ -16,6 +16,11 @@ import numpy as np
 import tensorflow as tf
 import epl                                                                       # EPL
 
+# This example prints its own results, so it turns TensorFlow's deprecation warnings and C++
+# info logs off (its own choice: EPL never changes TensorFlow's logging).
+tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TF reads it at its first C++ log line
+
 CATEGORIES = ["news", "sports", "music", "games", "films", "food", "travel", "cars"]
 DEVICES = ["phone", "tablet", "desktop"]
 
@@ -96,7 +101,6 @@ def input_fn(features, labels, batch_size, train):
 
 def main():
     args = parse_args()
-    tf.logging.set_verbosity(tf.logging.ERROR)
     # TF 1's canned Estimators sum their loss over the batch, so the replicas' gradients
     # are summed too: the update is the one of the global batch.
     epl.init(epl.Config({"communication.gradients_reduce_method": "sum"}))      # EPL
@@ -123,5 +127,4 @@ def main():
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     main()

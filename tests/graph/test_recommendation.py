@@ -12,6 +12,7 @@ import tensorflow.compat.v1 as tf
 import epl
 import recmodels
 from epl.cluster import Cluster
+from epl.communicators import library
 from eplutil import all_copy_values, max_diff
 
 STEPS, BATCH = 4, 6
@@ -39,6 +40,18 @@ def _check(reference, copies, tol=TOL):
     assert sorted(reference) == sorted(copies)
     for name, value in reference.items():
         assert max_diff(value, copies[name]) < tol, name
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", ["ring", "tf"])
+def test_every_backend_matches_serial(backend, monkeypatch):
+    """EPL's ring (all-reduces; gathers through TF's collectives) and TF's collectives."""
+    monkeypatch.setenv("EPL_COLLECTIVE_BACKEND", backend)
+    if backend == "ring" and library.load() is None:
+        pytest.skip("EPL op library not built")
+    copies, data = _epl_weights({}, 2, BATCH, STEPS, "wide_deep")
+    reference = recmodels.serial_weights(data, 2 * BATCH, STEPS, "wide_deep")
+    _check(reference, copies)
 
 
 @pytest.mark.timeout(300)
