@@ -103,6 +103,13 @@ class GradientPlan(collections.namedtuple("GradientPlan", ["entries"])):
         return "\n".join(str(entry) for entry in self.entries)
 
 
+def describe_sparse(plans):
+    """The plan print's lines on sparse gradients (copy 0's plan): how each is reduced
+    and, under ``communication.sparse_reduction: auto``, why."""
+    return ["  sparse gradient " + str(entry) for plan in plans[:1] for entry in plan.entries
+            if entry.reduction in (ALL_GATHER, ROWS_ALL_REDUCE)]
+
+
 def plan_gradients(infos, group_of, comm_config, micro_batches=1, accumulation_steps=1,
                    owner_of=None, bucket_of=None):
     """The gradient plan of one copy.

@@ -1,5 +1,7 @@
 """Every communication option changes the rewritten graph as documented and
 training stays equivalent to serial training (fp16 within 1e-3)."""
+import logging
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -149,14 +151,17 @@ def _static_batch(batch):
     return lambda x, y: _embedding_model(tf.reshape(x, [batch, FEATURES]), tf.reshape(y, [batch]))
 
 
-def test_auto_sparse_reduction_all_reduces_a_small_table_with_static_rows():
+def test_auto_sparse_reduction_all_reduces_a_small_table_with_static_rows(caplog):
     """24 rows of 4 floats per replica against a 20 x 4 table: the all-reduce moves
     fewer bytes; the plan print says so."""
+    caplog.set_level(logging.INFO, logger="epl")
     ref = _serial(_static_batch(DEVICES * BATCH), DEVICES * BATCH)
     got, program, graph = _epl(_static_batch(BATCH), {"communication.sparse_reduction": "auto"})
     assert _row_gathers(program, graph) == []
     assert "embedding: rows_all_reduce unfused over" in str(program.gradient_plans[0])
     assert "auto: all-reduce 400 B < gather 480 B" in str(program.gradient_plans[0])
+    assert "sparse gradient embedding: rows_all_reduce unfused over taskgraph_0/dp (mean, " \
+           "auto: all-reduce 400 B < gather 480 B)" in caplog.text
     _assert_close(ref, got, 1e-5)
 
 
