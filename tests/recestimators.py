@@ -118,7 +118,7 @@ def checkpoint_values(model_dir):
     for name in shapes:
         try:
             values[name] = reader.get_tensor(name)
-        except tf.errors.InvalidArgumentError:
+        except (tf.errors.InvalidArgumentError, ValueError):  # ValueError on TF 2.x
             sliced.append(name)
     values.update(_read_slices(tf.train.latest_checkpoint(str(model_dir)), sliced, shapes))
     return values
