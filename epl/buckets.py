@@ -7,12 +7,17 @@ still being computed. The gradient plan (:mod:`epl.parallel.gradient_plan`)
 and the reducer (:mod:`epl.communicators.reducer`) both use it; it sits on the
 lowest floor so the planner stays unit-testable without importing TensorFlow.
 
+:func:`sparse_reduction` is the same kind of choice for a sparse gradient: gather
+its rows or all-reduce it as a dense buffer, by the bytes either moves.
+
 Example::
 
     >>> plan_buckets([4, 4, 8], ["float32"] * 3, 2)
     [[0, 1], [2]]
 """
 from epl.checks import check_count
+
+SPARSE_GATHER, SPARSE_ALL_REDUCE, SPARSE_AUTO = "gather", "all_reduce", "auto"
 
 
 def plan_buckets(sizes, dtypes, max_splits):
@@ -84,3 +89,33 @@ def owner_chunks(sizes, owners, members):
                 for rank in range(members)]
     chunk = max(sum(sizes[i] for i in owned) for owned in by_owner) if sizes else 0
     return chunk, by_owner
+
+
+def sparse_reduction(choice, table_shape, value_bytes, index_bytes, rows, group_size,
+                     runs=1, accumulated=False):
+    """(``gather`` or ``all_reduce``, why) for one sparse gradient
+    (:mod:`epl.communicators.sparse` builds either); pure arithmetic.
+
+    ``choice`` is ``communication.sparse_reduction``; "auto" compares the bytes a
+    member receives: a gather of ``rows`` static rows per micro-batch times ``runs``
+    (micro-batches and accumulated runs; ``accumulated`` ones are summed into the
+    touched rows, at most the table's) from each other member, against a ring
+    all-reduce of the table and its touch counts, ``2 (n - 1) / n`` of their size.
+    Unknown rows (the usual case for SparseTensor features) keep the gather: its
+    cost follows the batch, the all-reduce's the table.
+    """
+    if choice != SPARSE_AUTO:
+        return choice, ""
+    table_rows, row_elements = table_shape[0], 1
+    for dim in table_shape[1:]:
+        row_elements *= dim
+    if rows is None:
+        return SPARSE_GATHER, "auto: rows per step unknown until run time"
+    rows *= runs
+    if accumulated:
+        rows = min(table_rows, rows)
+    gather = (group_size - 1) * rows * (row_elements * value_bytes + index_bytes)
+    reduce_ = 2.0 * (group_size - 1) / group_size * table_rows * (row_elements + 1) * value_bytes
+    if reduce_ < gather:
+        return SPARSE_ALL_REDUCE, "auto: all-reduce %d B < gather %d B" % (reduce_, gather)
+    return SPARSE_GATHER, "auto: gather %d B <= all-reduce %d B" % (gather, reduce_)

@@ -138,6 +138,12 @@ FIELDS = (
        doc="Number of communicators used concurrently for collective ops."),
     _F("communication", "sparse_as_dense", Kind.BOOL, False,
        doc="Convert sparse gradients to dense tensors before communication."),
+    _F("communication", "sparse_reduction", Kind.STR, "gather",
+       choices=("gather", "all_reduce", "auto"), extension=True,
+       doc='EPL extension: how sparse gradients are reduced. "gather" all-gathers each '
+           'replica\'s rows (row counts may differ); "all_reduce" all-reduces them as a dense '
+           'buffer plus per-row touch counts and keeps the sparse update; "auto" picks per '
+           'variable the one that moves fewer bytes (stated in the plan print).'),
     _F("communication", "max_splits", Kind.INT, 5, minimum=1,
        doc="Maximum number of gradient fusion buckets."),
     _F("communication", "fp16", Kind.BOOL, False,

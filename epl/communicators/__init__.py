@@ -10,8 +10,9 @@ collective ops otherwise.
 
 Backend contract (``group`` has ``devices``, ``size``, ``key``, ``rank(device)``):
 ``all_reduce(t, group, device, key, mean)``, ``all_gather(t, group, device, key)``
-(concatenation along dim 0 in group order), ``broadcast_send(t, group, device,
-key)``, ``broadcast_recv(shape, dtype, group, device, key)``,
+(concatenation along dim 0 in group order; optionally ``all_gather_v`` where
+members' dim 0 may differ, else :mod:`~epl.communicators.gather_v` pads),
+``broadcast_send(t, group, device, key)``, ``broadcast_recv(shape, dtype, group, device, key)``,
 ``reduce_scatter(t, group, device, key, mean)`` (this member's slice of dim 0)
 and ``alltoall(t, group, device, key)`` (dim 0 split in group-size chunks; chunk
 j goes to member j; the result concatenates what each member sent us).
@@ -21,6 +22,7 @@ Example::
     comm = Communicator("grads/tg0", devices, KeyRegistry())
     reduced = comm.all_reduce(grad, devices[1], "dense/kernel", mean=True)
 """
+from epl.communicators import gather_v
 from epl.communicators.keys import KeyRegistry, stable_key  # noqa: F401
 from epl.communicators.nccl import NcclBackend
 from epl.communicators.ring import RingBackend
@@ -55,6 +57,21 @@ class Communicator(object):
         self._keys = keys
         self.backend = backend or select_backend(self.devices, context)
         self.op_names = []  # every collective op built, for diagnostics
+        # collectives that run only in the steps that choose them (a variable-size
+        # all-gather's buckets), and the ops that join them (which every step runs)
+        self._gated, self._joins = set(), []
+
+    def step_op_names(self):
+        """Names of the collective ops (or the joins of gated ones) every step runs:
+        what an op that must follow all of a step's collectives may wait for (a
+        control input from a collective some step skips would make it skip too)."""
+        return [n for n in self.op_names if n not in self._gated] + self._joins
+
+    def gate(self, op_names, join):
+        """Record ``op_names`` as run only by the steps that choose them, joined by the
+        op ``join`` (a Merge) in every step."""
+        self._gated.update(op_names)
+        self._joins.append(join.name)
 
     def setup_ops(self):
         """Ops to run once before the first step (backend connection setup)."""
@@ -100,6 +117,20 @@ class Communicator(object):
     def all_gather(self, tensor, device, name):
         """Every member's tensor concatenated along dim 0, in group order."""
         return self._build(device, name, "all_gather", tensor)
+
+    def all_gather_v(self, tensor, device, name):
+        """Every member's tensor concatenated along dim 0, in group order, where
+        members may have different numbers of rows (sparse gradients): the backend's
+        own variable-size all-gather where it has one (EPL's ring), else row counts,
+        then a padded all-gather, then trimming (:mod:`epl.communicators.gather_v`)."""
+        if len(self.devices) == 1 or self.native_gather_v:
+            return self._build(device, name, "all_gather_v", gather_v.as_rows(tensor))
+        return gather_v.all_gather_v(self, tensor, device, name)
+
+    @property
+    def native_gather_v(self):
+        """True when the backend moves exactly the members' rows (no padding)."""
+        return hasattr(self.backend, "all_gather_v")
 
     def broadcast_send(self, tensor, device, name):
         """Send ``tensor`` from ``device`` (the root) to every other member."""

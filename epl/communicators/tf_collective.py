@@ -49,6 +49,8 @@ class TFCollectiveBackend(object):
     # TF 1.15's CPU collectives reject DT_HALF ("does not support datatype 19").
     native_fp16 = False
     needs_context = False
+    # A collective instance keeps the shape of its first run (epl/communicators/gather_v.py).
+    static_shapes = True
 
     @staticmethod
     def available(devices, context=None):

@@ -5,7 +5,10 @@ Shared (never cloned, placed on the worker's host CPU):
     them; each clone of a get-next op pulls its own batch from the shared iterator;
   * placeholders (every replica sees the fed value);
   * the global step variable and the ops that read or bump it directly;
-  * summaries (written once, from replica 0 or from merged tensors).
+  * summaries (written once, from replica 0 or from merged tensors);
+  * lookup tables (vocabulary feature columns, ``tf.lookup``): one table per
+    worker on its host CPU, which every copy's lookups read (tables have CPU
+    kernels only, and the user's table initializer fills the one table).
 Everything else in the forward, backward and apply phases is cloned, including
 variables: each replica owns a copy kept identical by the initial broadcast
 and by identical updates.
@@ -24,6 +27,10 @@ GET_NEXT_TYPES = frozenset([
 PLACEHOLDER_TYPES = frozenset(["Placeholder", "PlaceholderV2", "PlaceholderWithDefault"])
 VARIABLE_TYPES = frozenset(["VariableV2", "Variable", "VarHandleOp"])
 RESOURCE_VARIABLE_TYPES = frozenset(["VarHandleOp"])
+TABLE_TYPES = frozenset([
+    "HashTable", "HashTableV2", "MutableHashTable", "MutableHashTableV2",
+    "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2", "MutableDenseHashTable",
+    "MutableDenseHashTableV2"])
 
 
 def is_summary(op):
@@ -97,7 +104,8 @@ Roles.__doc__ = """Roles of the user's ops.
 cloned: ordered list of tf.Operation copied per copy; shared: names never copied
 (input pipeline, placeholders, global step, summaries); variables: cloned
 variable ops; global_step: the step variable and its direct users; pinned:
-cloned ops the user placed on a CPU (they stay on the host); step: names of the
+cloned ops that stay on the host (the user placed them on a CPU, or they read a
+lookup table); step: names of the
 ops a training step runs (ancestors of gradients, losses and merged outputs);
 init_only: names of ops that only compute variables' initial values (copies'
 variables are initialized by EPL's broadcast, so these are never copied)."""
@@ -136,14 +144,14 @@ def classify(view, keep_init=()):
             continue
         specialized = op.name in view.specialized  # built per copy, whatever its type
         if not specialized and (op.name in shared or op.type in PLACEHOLDER_TYPES
-                                or is_summary(op)):
+                                or op.type in TABLE_TYPES or is_summary(op)):
             shared.add(op.name)
             continue
         if (op.name in init_only and not is_variable(op)) or op.name in helpers:
             continue
         cloned.append(op)
-        if "CPU" in op.device.upper():
-            pinned.add(op.name)
+        if "CPU" in op.device.upper() or any(t.op.type in TABLE_TYPES for t in op.inputs):
+            pinned.add(op.name)  # a table's readers run where the table is
         if is_variable(op):
             variables.append(op)
     return Roles(cloned, shared, variables, step, pinned, needed, init_only)

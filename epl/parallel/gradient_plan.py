@@ -11,9 +11,12 @@ is identical on every member of a group and unit-testable without TensorFlow.
 Reductions:
 
 * ``all_reduce``: dense gradients, fused into buckets (``communication.max_splits``);
-* ``all_gather``: sparse (IndexedSlices) gradients, values and indices gathered;
-* ``accumulated_sparse``: sparse gradients under gradient accumulation, reduced
-  densely once per apply (replicas touch different rows);
+* ``all_gather``: sparse (IndexedSlices) gradients, values and indices gathered
+  (each member's own number of rows); under gradient accumulation the touched
+  rows of the accumulated sum, once per apply;
+* ``rows_all_reduce``: sparse gradients added into a dense buffer with per-row
+  touch counts, both all-reduced, the touched rows released
+  (``communication.sparse_reduction``, :func:`epl.buckets.sparse_reduction`);
 * ``local``: a group of one device, nothing to communicate.
 
 * ``reduce_scatter``: ZeRO v1 and v2, buffers laid out by ``owner``
@@ -24,31 +27,43 @@ Reductions:
 """
 import collections
 
-from epl.buckets import plan_buckets
+from epl.buckets import (SPARSE_ALL_REDUCE, SPARSE_AUTO, SPARSE_GATHER, plan_buckets,
+                         sparse_reduction)
 from epl.parallel.mesh import Group
 
-ALL_REDUCE, ALL_GATHER, ACCUMULATED_SPARSE, LOCAL, REDUCE_SCATTER = (
-    "all_reduce", "all_gather", "accumulated_sparse", "local", "reduce_scatter")
+ALL_REDUCE, ALL_GATHER, ROWS_ALL_REDUCE, LOCAL, REDUCE_SCATTER = (
+    "all_reduce", "all_gather", "rows_all_reduce", "local", "reduce_scatter")
 
 GradientInfo = collections.namedtuple(
-    "GradientInfo", ["name", "taskgraph", "sparse", "nbytes", "dtype", "order"])
+    "GradientInfo", ["name", "taskgraph", "sparse", "nbytes", "dtype", "order", "shape",
+                     "rows", "index_bytes"])
+GradientInfo.__new__.__defaults__ = (None, None, 8)
 GradientInfo.__doc__ = """Static facts about one variable's gradient: variable name,
 TaskGraph, IndexedSlices or not, bytes (dense; None when only known per copy, as for a
-shard: such a gradient is reduced on its own, unfused), dtype name, production order."""
+shard: such a gradient is reduced on its own, unfused), dtype name, production order;
+for sparse ones the variable's static shape, the static rows of one micro-batch's
+gradient (None: known at run time only) and the bytes of one index."""
 
 
 class Entry(collections.namedtuple("Entry", [
-        "name", "group", "bucket", "reduction", "accumulate", "divisor", "mean", "owner"])):
+        "name", "group", "bucket", "reduction", "accumulate", "divisor", "mean", "owner",
+        "why"])):
     """The plan of one variable's gradient in one copy.
 
     ``group`` is the plan Group that reduces it; ``bucket`` its fused bucket
     within that group (None for sparse); ``divisor`` what the local sum is
     divided by before the collective (micro-batches x accumulation steps for
     "mean", else 1); ``mean`` whether the collective divides by the group size;
-    ``owner`` the group rank that applies the update (None: every member).
+    ``owner`` the group rank that applies the update (None: every member);
+    ``why`` the reason for a sparse gradient's reduction (plan print).
     """
 
     __slots__ = ()
+
+    def __new__(cls, name, group, bucket, reduction, accumulate, divisor, mean, owner,
+                why=""):
+        return super(Entry, cls).__new__(cls, name, group, bucket, reduction, accumulate,
+                                         divisor, mean, owner, why)
 
     def __str__(self):
         where = "bucket %d" % self.bucket if self.bucket is not None else "unfused"
@@ -59,6 +74,8 @@ class Entry(collections.namedtuple("Entry", [
             extras.append("/%d" % self.divisor)
         if self.mean and self.reduction != LOCAL:
             extras.append("mean")
+        if self.why:
+            extras.append(self.why)
         return "%s: %s %s over %s%s" % (self.name, self.reduction, where, self.group.name,
                                         " (%s)" % ", ".join(extras) if extras else "")
 
@@ -84,6 +101,13 @@ class GradientPlan(collections.namedtuple("GradientPlan", ["entries"])):
 
     def __str__(self):
         return "\n".join(str(entry) for entry in self.entries)
+
+
+def describe_sparse(plans):
+    """The plan print's lines on sparse gradients (copy 0's plan): how each is reduced
+    and, under ``communication.sparse_reduction: auto``, why."""
+    return ["  sparse gradient " + str(entry) for plan in plans[:1] for entry in plan.entries
+            if entry.reduction in (ALL_GATHER, ROWS_ALL_REDUCE)]
 
 
 def plan_gradients(infos, group_of, comm_config, micro_batches=1, accumulation_steps=1,
@@ -129,13 +153,36 @@ def plan_gradients(infos, group_of, comm_config, micro_batches=1, accumulation_s
             entries.append(Entry(info.name, group, bucket if group.size > 1 else None,
                                  reduction, accumulate, divisor, collective_mean, None))
         for info in (i for i in members if i.sparse):
-            if group.size == 1:
-                reduction = LOCAL
-            else:
-                reduction = ACCUMULATED_SPARSE if accumulate else ALL_GATHER
+            reduction, why = LOCAL, ""
+            if group.size > 1:
+                reduction, why = _sparse_reduction(info, group, comm_config,
+                                                   micro_batches * accumulation_steps,
+                                                   accumulate)
             entries.append(Entry(info.name, group, None, reduction, accumulate, divisor,
-                                 collective_mean, None))
+                                 collective_mean, None, why))
     return GradientPlan(tuple(entries))
+
+
+def _sparse_reduction(info, group, comm_config, runs, accumulated):
+    """ALL_GATHER or ROWS_ALL_REDUCE for a sparse gradient summed over ``runs``
+    micro-batches and (``accumulated``) runs, and why."""
+    choice = comm_config.sparse_reduction
+    if info.shape is None or None in info.shape:
+        if choice == SPARSE_ALL_REDUCE:
+            raise ValueError("communication.sparse_reduction='all_reduce' needs the static "
+                             "shape of %s, which is %s; use 'gather' or 'auto'"
+                             % (info.name, info.shape))
+        return ALL_GATHER, ("variable shape unknown" if choice == SPARSE_AUTO else "")
+    choice, why = sparse_reduction(
+        choice, info.shape, _dtype_bytes(info.dtype), info.index_bytes, info.rows,
+        group.size, runs, accumulated)
+    return (ALL_GATHER if choice == SPARSE_GATHER else ROWS_ALL_REDUCE), why
+
+
+def _dtype_bytes(name):
+    """Bytes of a float dtype by name ("float16" -> 2, "bfloat16" -> 2)."""
+    digits = "".join(c for c in name if c.isdigit())
+    return int(digits) // 8 if digits else 4
 
 
 def _group_and_replicas(found):

@@ -15,6 +15,7 @@ from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.parallel import step_check
 from epl.parallel.context import FIELDS, RewriteContext
+from epl.parallel.gradient_plan import describe_sparse
 from epl.parallel.passes import check_order, describe
 from epl.parallel.passes.auto_stages import AutoStages, partition_stages
 from epl.parallel.passes.batch_split import BatchSplit
@@ -129,7 +130,8 @@ def parallelize(view, config, cluster, plan=None, passes=PASSES):
             raise
         ctx.finish_program()
     view.parallel = ctx.program
-    LOG.info("EPL parallelized the graph on worker %d:\n%s", cluster.worker_index, plan)
+    LOG.info("EPL parallelized the graph on worker %d:\n%s", cluster.worker_index,
+             "\n".join([str(plan)] + describe_sparse(ctx.program.gradient_plans)))
     return ctx.program
 
 

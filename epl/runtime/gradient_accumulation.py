@@ -17,6 +17,7 @@ add per run; see docs/pipeline.md.
 import collections
 
 from epl import tf_adapter
+from epl.communicators.sparse import scatter_rows
 from epl.ir.traverse import ancestors
 from epl.tf_adapter import tf
 
@@ -77,19 +78,13 @@ def accumulate_sparse(var, values, indices, device, pred, epl_variables):
     with tf.device(device), tf.name_scope("EPL_GA"):
         acc = _buffer(shape, values.dtype, "sparse_accumulator", epl_variables)
         counts = _buffer([rows], values.dtype, "touched_rows", epl_variables)
-        where = tf.expand_dims(tf.cast(indices, tf.int64), 1)
-        total = acc + tf.scatter_nd(where, values, shape)
-        touched = counts + tf.scatter_nd(where, tf.ones_like(indices, values.dtype), [rows])
+        dense, once = scatter_rows(values, indices, shape)
+        total = acc + dense
+        touched = counts + once
         store = tf.group(tf.assign(acc, _kept(pred, total)),
                          tf.assign(counts, _kept(pred, touched)))
         return SparseReleased(tf_adapter.switch(total, pred)[1],
                               tf_adapter.switch(touched, pred)[1], store)
-
-
-def sparse_rows(dense, touched, index_dtype):
-    """(values, indices) of the rows of ``dense`` with a non-zero touch count."""
-    rows = tf.where(touched > 0)[:, 0]
-    return tf.gather(dense, rows), tf.cast(rows, index_dtype)
 
 
 def release_token(host, pred):

@@ -202,7 +202,7 @@ class ZeroSync(Pass):
         exchange = _gather if plan.level == "v2" else _exchange
         collectives = [ctx.tf_graph.get_operation_by_name(name)
                        for comm in ctx.communicators() if comm.name.startswith("grads/")
-                       for name in comm.op_names]
+                       for name in comm.step_op_names()]
         by_taskgraph = collections.OrderedDict()
         for name in sorted(plan.owner):
             var_op = ctx.tf_graph.get_operation_by_name(name)

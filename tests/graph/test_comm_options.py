@@ -1,12 +1,15 @@
 """Every communication option changes the rewritten graph as documented and
 training stays equivalent to serial training (fp16 within 1e-3)."""
+import logging
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
 import epl
 from epl.cluster import Cluster
-from eplutil import (dataset_input, epl_paused, initial_weights, make_data, max_diff,
+from epl.communicators.gather_v import BUCKETS
+from eplutil import (FEATURES, dataset_input, epl_paused, initial_weights, make_data, max_diff,
                      mlp)
 
 STEPS, BATCH, DEVICES = 3, 8, 2
@@ -120,23 +123,45 @@ def test_fp16_communication(monkeypatch, backend):
     _assert_close(_serial(_mlp, DEVICES * BATCH), got, 1e-3)
 
 
-def _float_gathers(program, graph):
-    """All-gathers of gradient values (not the int32 port exchange of ring setup)."""
+def _row_gathers(program, graph):
+    """All-gathers of sparse gradient rows (values and indices packed as int32 words,
+    rank 2; not the rank-1 port exchange of ring setup)."""
     ops = [graph.get_operation_by_name(n) for n, g in program.collective_ops.items()
            if g.startswith("grads/")]
     return [op for op in ops if op.type == "CollectiveGather"
-            and op.inputs[0].dtype == tf.float32]
+            and op.inputs[0].shape.ndims == 2]
 
 
-def test_sparse_gradients_are_all_gathered_unless_sparse_as_dense():
-    ref = _serial(_embedding_model, DEVICES * BATCH, opt_name="sgd")
-    got, program, graph = _epl(_embedding_model, {}, opt_name="sgd")
-    assert len(_float_gathers(program, graph)) == DEVICES  # embedding values, per copy
+@pytest.mark.parametrize("config,gathers", [
+    ({}, DEVICES * len(BUCKETS)),    # rows per copy: a bucket each, the batch is dynamic
+    ({"communication.sparse_reduction": "all_reduce"}, 0),         # dense buffer + counts
+    ({"communication.sparse_as_dense": True}, 0)])
+def test_sparse_gradients_are_gathered_unless_reduced_densely(config, gathers):
+    ref = _serial(_embedding_model, DEVICES * BATCH, opt_name="momentum")
+    got, program, graph = _epl(_embedding_model, config, opt_name="momentum")
+    assert len(_row_gathers(program, graph)) == gathers
     _assert_close(ref, got, 1e-5)
-    epl.reset()
-    got, program, graph = _epl(_embedding_model, {"communication.sparse_as_dense": True},
-                               opt_name="sgd")
-    assert _float_gathers(program, graph) == []
+    if "communication.sparse_reduction" in config:   # the sparse update is kept
+        plan = str(program.gradient_plans[0])
+        assert "embedding: rows_all_reduce" in plan, plan
+
+
+def _static_batch(batch):
+    """The embedding model on batches of static size ``batch`` (static gradient rows)."""
+    return lambda x, y: _embedding_model(tf.reshape(x, [batch, FEATURES]), tf.reshape(y, [batch]))
+
+
+def test_auto_sparse_reduction_all_reduces_a_small_table_with_static_rows(caplog):
+    """24 rows of 4 floats per replica against a 20 x 4 table: the all-reduce moves
+    fewer bytes; the plan print says so."""
+    caplog.set_level(logging.INFO, logger="epl")
+    ref = _serial(_static_batch(DEVICES * BATCH), DEVICES * BATCH)
+    got, program, graph = _epl(_static_batch(BATCH), {"communication.sparse_reduction": "auto"})
+    assert _row_gathers(program, graph) == []
+    assert "embedding: rows_all_reduce unfused over" in str(program.gradient_plans[0])
+    assert "auto: all-reduce 400 B < gather 480 B" in str(program.gradient_plans[0])
+    assert "sparse gradient embedding: rows_all_reduce unfused over taskgraph_0/dp (mean, " \
+           "auto: all-reduce 400 B < gather 480 B)" in caplog.text
     _assert_close(ref, got, 1e-5)
 
 

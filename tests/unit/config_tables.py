@@ -28,6 +28,7 @@ EXPECTED_DEFAULTS = {
     "cluster.rendezvous_timeout": 300,
     "communication.num_communicators": 2,
     "communication.sparse_as_dense": False,
+    "communication.sparse_reduction": "gather",
     "communication.max_splits": 5,
     "communication.fp16": False,
     "communication.fp16_scale": 128,
@@ -41,7 +42,8 @@ EXPECTED_DEFAULTS = {
 }
 KEYS = list(EXPECTED_DEFAULTS)
 EXTENSION_KEYS = ["pipeline.micro_batching", "cluster.source", "cluster.port_base",
-                  "cluster.rendezvous_timeout", "communication.timeout"]
+                  "cluster.rendezvous_timeout", "communication.sparse_reduction",
+                  "communication.timeout"]
 BOOL_KEYS = [k for k, v in EXPECTED_DEFAULTS.items() if isinstance(v, bool)]
 COUNT_KEYS = ["pipeline.num_micro_batch", "optimizer.num_apply_group",
               "communication.num_communicators", "communication.max_splits"]
@@ -73,6 +75,7 @@ OVERRIDES = {
     "cluster.rendezvous_timeout": 60,
     "communication.num_communicators": 1,
     "communication.sparse_as_dense": True,
+    "communication.sparse_reduction": "auto",
     "communication.max_splits": 7,
     "communication.fp16": True,
     "communication.fp16_scale": 64,
@@ -111,6 +114,8 @@ ENV_OVERRIDES = {
     "cluster.rendezvous_timeout": ("EPL_CLUSTER_RENDEZVOUS_TIMEOUT", "12.5", 12.5),
     "communication.num_communicators": ("EPL_COMMUNICATION_NUM_COMMUNICATORS", "3", 3),
     "communication.sparse_as_dense": ("EPL_COMMUNICATION_SPARSE_AS_DENSE", "True", True),
+    "communication.sparse_reduction": ("EPL_COMMUNICATION_SPARSE_REDUCTION", "All_Reduce",
+                                       "all_reduce"),
     "communication.max_splits": ("EPL_COMMUNICATION_MAX_SPLITS", "9", 9),
     "communication.fp16": ("EPL_COMMUNICATION_FP16", "true", True),
     "communication.fp16_scale": ("EPL_COMMUNICATION_FP16_SCALE", "0.5", 0.5),
@@ -147,6 +152,7 @@ BAD_TYPES = {
     "cluster.rendezvous_timeout": ("300", "int or float"),
     "communication.num_communicators": (True, "int"),
     "communication.sparse_as_dense": (0, "bool"),
+    "communication.sparse_reduction": (True, "str"),
     "communication.max_splits": ("5", "int"),
     "communication.fp16": ("yes", "bool"),
     "communication.fp16_scale": ("128", "int or float"),
@@ -179,6 +185,7 @@ BAD_VALUES = {
     "cluster.rendezvous_timeout": (0, "a number > 0"),
     "communication.num_communicators": (0, ">= 1"),
     "communication.max_splits": (-5, ">= 1"),
+    "communication.sparse_reduction": ("dense", "'gather', 'all_reduce', 'auto'"),
     "communication.fp16_scale": (0, "a number > 0"),
     "communication.timeout": (-1, "a number > 0"),
     "communication.gradients_reduce_method": ("avg", "'mean', 'sum'"),
@@ -204,6 +211,7 @@ BAD_ENV.update({
     "cluster.rendezvous_timeout": ("never", "a number > 0"),
     "communication.num_communicators": ("0", "an integer >= 1"),
     "communication.max_splits": ("many", "an integer >= 1"),
+    "communication.sparse_reduction": ("allgather", "'gather', 'all_reduce', 'auto'"),
     "communication.fp16_scale": ("nan", "a number > 0"),
     "communication.timeout": ("soon", "a number > 0"),
     "communication.gradients_reduce_method": ("max", "'mean', 'sum'"),

@@ -1,4 +1,6 @@
 """The gradient plan is pure data: groups, buckets, reductions and divisors."""
+import pytest
+
 from epl.config import Config
 from epl.parallel import gradient_plan as gp
 from epl.parallel.mesh import Group
@@ -33,11 +35,48 @@ def test_sparse_gradients_are_gathered_unfused():
     assert result.entry("dense").bucket == 0
 
 
-def test_accumulated_sparse_is_reduced_densely():
+def test_accumulated_sparse_gathers_the_touched_rows():
     result = plan([info("emb", 1, sparse=True)], steps=3)
     entry = result.entry("emb")
-    assert entry.reduction == gp.ACCUMULATED_SPARSE and entry.accumulate
+    assert entry.reduction == gp.ALL_GATHER and entry.accumulate
     assert entry.divisor == 3
+
+
+def sparse(name, shape, rows, order=1):
+    return gp.GradientInfo(name, 0, True, 0, "float32", order, shape, rows, 8)
+
+
+def test_sparse_reduction_all_reduce_and_auto_choose_per_variable():
+    infos = [sparse("big", (1000000, 64), 512), sparse("small", (20, 4), 24, 2),
+             sparse("unknown_rows", (50, 4), None, 3)]
+    result = plan(infos, **{"communication.sparse_reduction": "auto"})
+    assert result.entry("big").reduction == gp.ALL_GATHER
+    assert "auto: gather" in str(result.entry("big"))
+    assert result.entry("small").reduction == gp.ROWS_ALL_REDUCE
+    assert "auto: all-reduce" in str(result.entry("small"))
+    assert result.entry("unknown_rows").reduction == gp.ALL_GATHER
+    assert "unknown" in str(result.entry("unknown_rows"))
+    forced = plan(infos, **{"communication.sparse_reduction": "all_reduce"})
+    assert {e.reduction for e in forced.entries} == {gp.ROWS_ALL_REDUCE}
+    assert plan(infos).entry("small").reduction == gp.ALL_GATHER   # default: gather
+
+
+def test_auto_counts_accumulated_runs_up_to_the_table():
+    # 2 x 24 rows x (16 + 8) bytes against ~ 2 x 1/2 x 50 x 5 x 4: gather wins alone,
+    # all-reduce wins over 4 accumulated runs (at most all 50 rows)
+    one = sparse("emb", (50, 4), 24)
+    assert plan([one]).entry("emb").reduction == gp.ALL_GATHER
+    auto = {"communication.sparse_reduction": "auto"}
+    assert plan([one], **auto).entry("emb").reduction == gp.ALL_GATHER
+    assert plan([one], steps=4, **auto).entry("emb").reduction == gp.ROWS_ALL_REDUCE
+
+
+def test_all_reduce_of_a_sparse_gradient_needs_the_variable_shape():
+    with pytest.raises(ValueError, match="sparse_reduction='all_reduce' needs the static "
+                                         "shape of emb"):
+        plan([sparse("emb", (None, 4), 3)], **{"communication.sparse_reduction": "all_reduce"})
+    assert plan([sparse("emb", None, 3)], **{"communication.sparse_reduction": "auto"}) \
+        .entry("emb").reduction == gp.ALL_GATHER
 
 
 def test_one_device_groups_communicate_nothing():

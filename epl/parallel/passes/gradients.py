@@ -9,7 +9,8 @@ says, in small steps:
 2. ``accumulate``: gradient accumulation (:mod:`epl.runtime.gradient_accumulation`);
 3. ``divide``: by micro-batches x accumulation steps for "mean";
 4. ``reduce``: fused buckets (:class:`GradientReducer`) or sparse rows
-   (:class:`SparseReducer`) over the plan's group;
+   (:class:`SparseReducer`: gathered, whatever each member's row count, or
+   all-reduced as a dense buffer) over the plan's group;
 5. ``rewire``: the copy's consumers of the gradient (clipping, the optimizer)
    read the aggregated value.
 
@@ -24,7 +25,7 @@ import collections
 from epl import tf_adapter
 from epl.buckets import owner_chunks
 from epl.communicators.reducer import GradientReducer
-from epl.communicators.sparse import SparseReducer
+from epl.communicators.sparse import SparseReducer, scatter_rows, touched_rows
 from epl.ir.phase import Phase
 from epl.ir.traverse import control_flow_interior
 from epl.ops.shards import shard_shape
@@ -83,14 +84,20 @@ def _info(ctx, item):
     raw = raw if raw is not None else item.grad
     producer = raw.values.op if isinstance(raw, tf.IndexedSlices) else raw.op
     sparse = isinstance(item.grad, tf.IndexedSlices)
-    nbytes = 0
+    nbytes, shape, rows, index_bytes = 0, None, None, 8
+    if sparse:
+        shape = tf_adapter.variable_shape(item.var.op)
+        shape = tuple(shape.as_list()) if shape.ndims is not None else None
+        rows, index_bytes = item.grad.values.shape[:1].num_elements(), \
+            item.grad.indices.dtype.size
     if not sparse and item.var.op.name in ctx.sharded_variables:
         nbytes = None  # a shard's width is known per copy only: reduced unfused
     elif not sparse:
         shape = _dense_shape(item)
         nbytes = shape.num_elements() * item.grad.dtype.size
     return gp.GradientInfo(item.var.op.name, ctx.taskgraph_of(item.var.op), sparse, nbytes,
-                           item.grad.dtype.base_dtype.name, tf_adapter.op_id(producer))
+                           item.grad.dtype.base_dtype.name, tf_adapter.op_id(producer), shape,
+                           rows, index_bytes)
 
 
 def _dense_shape(item):
@@ -137,8 +144,9 @@ def _lower(ctx, items, plan, copy, gate):
         _reduce_dense(ctx, [e for e in entries if e.reduction == gp.ALL_REDUCE], results)
         _reduce_scatter(ctx, [e for e in entries if e.reduction == gp.REDUCE_SCATTER], results)
     for entry in plan.entries:
-        if entry.reduction in (gp.ALL_GATHER, gp.ACCUMULATED_SPARSE):
-            results[entry.name] = (_reduce_sparse(ctx, entry, *results[entry.name]),
+        if entry.reduction in (gp.ALL_GATHER, gp.ROWS_ALL_REDUCE):
+            results[entry.name] = (_reduce_sparse(ctx, entry, items[entry.name],
+                                                  *results[entry.name]),
                                    results[entry.name][1])
         elif entry.reduction == gp.LOCAL and results[entry.name][0].indices is not None \
                 and entry.accumulate:
@@ -304,22 +312,30 @@ def _scatter_bucket(comm, group, device, entries, results, name):
                                         device)
 
 
-def _reduce_sparse(ctx, entry, local, device):
-    comm = ctx.communicator(entry.group, GRADIENTS)
-    reducer = SparseReducer(comm, entry.mean)
+def _reduce_sparse(ctx, entry, item, local, device):
+    """Gather the rows (accumulated ones: the touched rows of the sum), or all-reduce
+    them as a dense buffer with touch counts and release the touched rows."""
+    comm_config = ctx.config.communication
+    reducer = SparseReducer(ctx.communicator(entry.group, GRADIENTS), entry.mean,
+                            comm_config.fp16, comm_config.fp16_scale)
     if entry.reduction == gp.ALL_GATHER:
+        if entry.accumulate:
+            local = _released_rows(local, device)
         values, indices = reducer.gather(local.value, local.indices, device, entry.name)
         return local._replace(value=values, indices=indices)
-    dense, touched = reducer.reduce_accumulated(local.value[0], local.value[1], device,
-                                                entry.name)
+    if not entry.accumulate:
+        with tf.device(device), tf.name_scope("EPL_SPARSE"):
+            local = local._replace(value=scatter_rows(
+                local.value, local.indices, tf_adapter.variable_shape(item.var.op)))
+    dense, touched = reducer.reduce_rows(local.value[0], local.value[1], device, entry.name)
     return _released_rows(local._replace(value=(dense, touched)), device)
 
 
 def _released_rows(local, device):
-    """The touched rows of an accumulated sparse gradient, as (values, indices)."""
+    """The touched rows of a sparse gradient held as (dense sum, touch counts)."""
     dense, touched = local.value
-    with tf.device(device), tf.name_scope("EPL_GA"):
-        values, indices = ga.sparse_rows(dense, touched, local.indices.dtype)
+    with tf.device(device), tf.name_scope("EPL_SPARSE"):
+        values, indices = touched_rows(dense, touched, local.indices.dtype)
     return local._replace(value=values, indices=indices)
 
 
