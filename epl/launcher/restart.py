@@ -28,7 +28,7 @@ Example::
 import collections
 import signal
 
-FAULT_EXIT_CODE = 138  # 128 + SIGUSR1: Kubeflow's "retryable, reported by the program"
+from epl.session.faults import FAULT_EXIT_CODE  # 138 = 128 + SIGUSR1: Kubeflow's "retryable"
 RETRYABLE = {130: "interrupted (SIGINT)", 137: "killed (SIGKILL)",
              FAULT_EXIT_CODE: "EPL fault exit: a peer was lost or a collective timed out",
              143: "terminated (SIGTERM)"}

@@ -92,18 +92,20 @@ def begin_part(root, step, worker):
     return directory
 
 
-def commit_part(root, step, worker, writers, files, data=True):
+def commit_part(root, step, worker, writers, files, extra=None):
     """Record worker ``worker``'s part of snapshot ``step`` (its ``files``, names in the
     step directory) after flushing them to disk. ``writers``: every worker that writes a
-    part of this snapshot; ``data``: whether the part holds the worker's data position."""
+    part of this snapshot; ``extra``: more entries of the manifest (which file holds
+    which input's position)."""
     directory = step_dir(root, step)
     entries = {}
     for name in sorted(files):
         path = os.path.join(directory, name)
         _fsync(path)
         entries[name] = list(_checksum(path))
-    manifest = {"format": FORMAT, "step": int(step), "worker": int(worker),
-                "writers": sorted(int(w) for w in writers), "files": entries, "data": data}
+    manifest = dict(extra or {})
+    manifest.update({"format": FORMAT, "step": int(step), "worker": int(worker),
+                     "writers": sorted(int(w) for w in writers), "files": entries})
     final = manifest_path(root, step, worker)
     temporary = final + ".tmp"
     with open(temporary, "w") as handle:
