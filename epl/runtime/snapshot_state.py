@@ -14,8 +14,8 @@ The pass gives the session layer (:mod:`epl.session.resume`) a
   (``SerializeIterator``: the position, shuffle buffers and their random state). One per
   iterator, so an input whose state cannot be saved (a ``py_func`` or generator dataset)
   is left out alone, with a warning;
-* **which runs are training steps**: the names of the apply ops (a run that reaches
-  one trains) and how many runs make one global step (``num_micro_batch`` under
+* **which runs are training steps**: the names of the step's updates (a run that
+  reaches one trains) and how many runs make one global step (``num_micro_batch`` under
   gradient accumulation);
 * **what cannot be resumed exactly**, found here: queue runners, and stateful random
   ops in the step (dropout: TF 1 keeps their state in the kernel, it restarts).
@@ -53,14 +53,14 @@ class SnapshotState(Pass):
 
     name = "snapshot_state"
     phase = LOWER
-    reads = ("view", "config", "cluster", "plan", "worker")
+    reads = ("view", "config", "cluster", "plan", "worker", "roles")
     writes = ("graph", "program.snapshot")
 
     def applies(self, ctx):
         return settings_of(ctx.config) is not None
 
     def run(self, ctx):
-        apply_ops = [op for op in ctx.view.ops(phases=(Phase.APPLY,))]
+        apply_ops = _updates(ctx)
         model = _model_saver() if roles.writes_checkpoints(ctx.cluster) else None
         ctx.program.snapshot = SnapshotRecord(
             settings=settings_of(ctx.config), worker=ctx.worker,
@@ -69,7 +69,20 @@ class SnapshotState(Pass):
             apply_ops=frozenset(op.name for op in apply_ops),
             runs_per_step=ctx.plan.num_micro_batch if ctx.plan.gradient_accumulation else 1,
             model_saver=model, inputs=tuple(_input_savers(ctx.tf_graph)),
-            not_exact=tuple(_not_exact(ctx.tf_graph, apply_ops)))
+            not_exact=tuple(_not_exact(ctx.tf_graph, apply_ops, ctx.roles.init_only)))
+
+
+def _updates(ctx):
+    """The step's updates: ops of the apply phase that write a variable and are not a
+    variable's initializer (a run that reaches one trains; a saver that reads the
+    optimizer's slots, or the initializer of a slot, does not)."""
+    graph = ctx.tf_graph
+    initializers = set(v.initializer.name for key in (tf.GraphKeys.GLOBAL_VARIABLES,
+                                                      tf.GraphKeys.LOCAL_VARIABLES)
+                       for v in graph.get_collection(key))
+    skip = initializers | ctx.roles.init_only
+    return [op for op in ctx.view.ops(phases=(Phase.APPLY,))
+            if tf_adapter.writes_variable(op) and op.name not in skip]
 
 
 def _model_saver():
@@ -110,15 +123,17 @@ def _input_savers(tf_graph):
     return found
 
 
-def _not_exact(tf_graph, apply_ops):
-    """Warnings (text) for state of the step that no snapshot holds."""
+def _not_exact(tf_graph, apply_ops, init_only):
+    """Warnings (text) for state of the step that no snapshot holds (random ops that only
+    draw initial values do not count)."""
     problems = []
     runners = tf_graph.get_collection(tf.GraphKeys.QUEUE_RUNNERS)
     if runners:
         problems.append("the input comes from queue runners (%s), whose position EPL cannot "
                         "save: after a resume they start again" % ", ".join(
                             sorted(r.name for r in runners)[:3]))
-    random = sorted(op.name for op in ancestor_ops(apply_ops) if op.type in RANDOM_TYPES)
+    random = sorted(op.name for op in ancestor_ops(apply_ops)
+                    if op.type in RANDOM_TYPES and op.name not in init_only)
     if random:
         problems.append("the step draws from stateful random ops (%s%s), whose sequence "
                         "TensorFlow 1 keeps inside the kernel: after a resume they draw "
