@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 import zlib
 
 LOG = logging.getLogger("epl")
@@ -47,7 +48,7 @@ def manifest_path(root, step, worker):
 def check_writable(root, key="checkpoint.snapshot_dir"):
     """Create ``root`` and write a file there, or raise SnapshotDirError naming it: a
     job must learn at start, not at its first snapshot, that it cannot save one."""
-    probe = os.path.join(root, ".epl-write-test-%d" % os.getpid())
+    probe = os.path.join(root, ".epl-write-test-%d-%d" % (os.getpid(), threading.get_ident()))
     try:
         os.makedirs(root, exist_ok=True)
         with open(probe, "w") as handle:
