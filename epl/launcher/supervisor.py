@@ -120,8 +120,9 @@ def _group_alive(pgid):
 
 
 def stop_workers(workers, grace_period, hurry=lambda: False):
-    """SIGTERM the process groups, wait up to `grace_period` seconds (less if
-    `hurry()` turns true, e.g. a second Ctrl-C), then SIGKILL what is left.
+    """SIGTERM (and SIGCONT, for stopped processes) the process groups, wait up to
+    `grace_period` seconds (less if `hurry()` turns true, e.g. a second Ctrl-C), then
+    SIGKILL what is left.
 
     Workers that already exited 0 are left alone: their pid may be long reaped,
     and signalling a recycled process-group id could hit an unrelated job."""
@@ -129,6 +130,7 @@ def stop_workers(workers, grace_period, hurry=lambda: False):
         worker.proc.poll()
     targets = [w for w in workers if w.proc.returncode != 0]
     _signal_groups(targets, signal.SIGTERM)
+    _signal_groups(targets, signal.SIGCONT)  # a stopped (hung) worker handles it now
     deadline = time.monotonic() + grace_period
     while time.monotonic() < deadline and not hurry():
         for worker in targets:

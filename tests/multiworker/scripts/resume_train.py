@@ -1,0 +1,126 @@
+"""Worker script for the self-healing tests and benchmarks/recovery.py.
+
+Usage: resume_train.py OUT_DIR LAYOUT LAST_STEP [FAULTS]
+
+Trains the eplutil MLP with Adam in a MonitoredTrainingSession that writes the user's
+checkpoints every 3 steps to EPL_TASK_DIR and stops at LAST_STEP, then writes every
+driving worker's final values (copy 0) to OUT_DIR/worker_<i>.npz. LAYOUT:
+
+* ``dp``: ``epl.replicate(1)`` over every device (W x D data parallelism), each worker
+  reading a shuffled shard of the rows;
+* ``pipeline``: the 2-layer MLP as 2 stages with 2 micro-batches (2 workers x 1 device:
+  the pipeline spans the workers);
+* ``zero``: ``dp`` with zero.level v1.
+
+FAULTS: comma-separated ``ATTEMPT:WORKER:RUNS:KIND`` (KIND ``kill`` = SIGKILL, ``hang`` =
+SIGSTOP, ``write`` = SIGKILL while writing the snapshot of global step RUNS, after its
+files and before its manifest): on restart ATTEMPT (EPL_RESTART_COUNT), worker WORKER
+does KIND after RUNS training runs. Each fault is printed when it strikes.
+"""
+import os
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+import numpy as np  # noqa: E402
+import tensorflow.compat.v1 as tf  # noqa: E402
+
+import epl  # noqa: E402
+from epl.session import snapshot_store  # noqa: E402
+from eplutil import initial_weights, make_data, mlp, staged_mlp  # noqa: E402
+
+LAYOUTS = {"dp": {}, "pipeline": {"pipeline.num_micro_batch": 2}, "zero": {"zero.level": "v1"}}
+
+
+def faults_of(text, attempt, worker):
+    """[(runs, kind)] that strike this process."""
+    found = []
+    for item in filter(None, (text or "").split(",")):
+        at, who, runs, kind = item.split(":")
+        if int(at) == attempt and int(who) == worker:
+            found.append((int(runs), kind))
+    return found
+
+
+def strike(kind, what):
+    print("FAULT %s: %s at %.3f" % (kind, what, time.time()), flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
+
+
+class Faults(tf.train.SessionRunHook):
+    """Kills or stops this process after a number of training runs."""
+
+    def __init__(self, faults):
+        self.faults = [(runs, kind) for runs, kind in faults if kind != "write"]
+        self.runs = 0
+
+    def after_run(self, run_context, run_values):
+        self.runs += 1
+        for runs, kind in self.faults:
+            if runs == self.runs:
+                strike(kind, "after %d runs" % runs)
+
+
+def kill_during_write(step):
+    """SIGKILL between the snapshot's files and its manifest, at global step ``step``."""
+    commit = snapshot_store.commit_part
+
+    def commit_part(root, at, *args, **kwargs):
+        if at == step:
+            strike("write", "while writing the snapshot of step %d" % at)
+        return commit(root, at, *args, **kwargs)
+    snapshot_store.commit_part = commit_part
+
+
+def rows(worker, workers, devices, layout):
+    """This worker's shard of the data (pipeline: worker 0 reads everything)."""
+    x, y = make_data(4096, seed=11)
+    if layout == "pipeline":
+        return x, y
+    share = len(x) // workers
+    return x[worker * share:(worker + 1) * share], y[worker * share:(worker + 1) * share]
+
+
+class StepTimes(tf.train.SessionRunHook):
+    """Prints the wall-clock time of every finished training step (recovery.py reads it)."""
+
+    def after_run(self, run_context, run_values):
+        print("STEP_DONE %.3f" % time.time(), flush=True)
+
+
+def main(out_dir, layout, last_step, fault_text):
+    epl.init(epl.Config(LAYOUTS[layout]))
+    cluster = epl.Env.get().cluster
+    worker = cluster.worker_index
+    attempt = int(os.environ.get("EPL_RESTART_COUNT", "0"))
+    mine = faults_of(fault_text, attempt, worker)
+    for runs, kind in mine:
+        if kind == "write":
+            kill_during_write(runs)
+    x, y = rows(worker, cluster.worker_num, cluster.gpu_num_per_worker, layout)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(64, seed=worker).batch(4)
+    features, labels = tf.data.make_one_shot_iterator(data).get_next()
+    if layout == "pipeline":
+        loss = staged_mlp(features, labels, initial_weights())
+    else:
+        epl.set_default_strategy(epl.replicate(1))
+        loss = mlp(features, labels, initial_weights())
+    step = tf.train.get_or_create_global_step()
+    train = tf.train.AdamOptimizer(0.01).minimize(loss, global_step=step)
+    hooks = [tf.train.StopAtStepHook(last_step=last_step), Faults(mine), StepTimes()]
+    with tf.train.MonitoredTrainingSession(
+            checkpoint_dir=os.environ.get("EPL_TASK_DIR"), save_checkpoint_steps=3,
+            save_summaries_steps=None, log_step_count_steps=None, hooks=hooks) as sess:
+        while not sess.should_stop():
+            sess.run(train)
+        raw = sess._tf_sess()  # pylint: disable=protected-access
+        values = raw.run(dict((v.op.name.replace("/", "__"), v) for v in tf.global_variables()))
+    np.savez(os.path.join(out_dir, "worker_%d.npz" % worker), **values)
+    print("worker %d done at step %d, resumed from %s" % (
+        worker, values["global_step"], epl.Env.get().snapshots.resumed_from), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else "")
