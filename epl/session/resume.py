@@ -20,6 +20,8 @@ done its own set-up (initialized or restored variables, initialized its iterator
 4. after every ``snapshot_steps`` x ``runs_per_step`` training runs, each writer saves
    its part of a snapshot of the current global step; worker 0 prunes old ones.
 
+A job that finds no snapshot writes one of its starting point at its first training run
+(step 0, or the step of the checkpoint the program restored), so every restart has one.
 A user's checkpoint that is newer than the newest snapshot is not used for the resume:
 its input position is unknown, the snapshot's is exact (the steps after it are redone,
 at most ``snapshot_steps``). What no snapshot can hold is reported once, at the first
@@ -171,9 +173,6 @@ class Snapshots(object):
             LOG.warning("EPL: resuming from the snapshot of step %d in %s (the program "
                         "had set up step %d)", step, root, before)
             self.resumed_from = step
-        elif before > 0 and record.inputs:
-            self._warn_once("the program restored step %d but %s holds no snapshot: the "
-                            "input starts at its beginning" % (before, root))
         if restored is not None or len(record.writers) > 1 or program.peer_hosts:
             mark_unsynced(session, restored)
         ensure_synced(session, program, run)
@@ -186,6 +185,10 @@ class Snapshots(object):
                 "system every worker shares (checkpoint.snapshot_dir)?" % (
                     record.worker, "from the snapshot of step %d" % step if step is not None
                     else "without a snapshot (at step %d)" % before, after, root))
+        if step is None:
+            # Where this job starts is a snapshot too: a kill before the first periodic
+            # one resumes here, not from a user's checkpoint without its input position.
+            self._write(session, run, record, state)
 
     def _restore(self, session, run, record, state, step, manifests):
         """Restore this worker's inputs and (worker 0) the model; returns (saver, path)

@@ -47,12 +47,13 @@ def _record(reference, resumed, names):
 
 
 # ---- tf.Session + Saver, initializable iterator -----------------------------------------
-def _session_program(checkpoints, snapshots, kill_after=None):
+def _session_program(checkpoints, snapshots, kill_after=None, every=SNAPSHOTS):
     """A plain loop: initializable iterator, restore the user's latest checkpoint, train
     until the global step reaches LAST_STEP, save every 3 steps."""
     x, y = make_data(256, seed=4)
     with tf.Graph().as_default():
-        epl.init(_config(snapshots), cluster=Cluster(devices_per_worker=2))
+        epl.init(_config(snapshots, **{"checkpoint.snapshot_steps": every}),
+                 cluster=Cluster(devices_per_worker=2))
         epl.set_default_strategy(epl.replicate(1))
         data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(32, seed=2).batch(4)
         iterator = tf.data.make_initializable_iterator(data)
@@ -86,6 +87,21 @@ def test_session_with_saver_and_initializable_iterator(tmp_path):
     resumed = _session_program(checkpoints, snapshots)
     assert _record(reference, resumed, reference) <= TOL
     assert resumed["global_step"] == LAST_STEP
+
+
+@pytest.mark.timeout(200)
+def test_a_kill_before_the_first_periodic_snapshot_resumes_from_the_start(tmp_path):
+    """Snapshots every 5 steps, the user's checkpoint at step 3, a kill after 4 runs: the
+    job's starting point is a snapshot (written at its first step), so the restart
+    resumes from step 0 with the input at its beginning, not from the user's step 3."""
+    reference = _session_program(str(tmp_path / "r"), str(tmp_path / "rs"), every=5)
+    checkpoints, snapshots = str(tmp_path / "c"), str(tmp_path / "s")
+    os.makedirs(checkpoints)
+    assert _session_program(checkpoints, snapshots, 4, every=5) is None
+    assert tf.train.latest_checkpoint(checkpoints).endswith("-3")
+    assert snapshot_store.steps(snapshots) == [0]
+    resumed = _session_program(checkpoints, snapshots, every=5)
+    assert _record(reference, resumed, reference) <= TOL
 
 
 # ---- Estimator -------------------------------------------------------------------------

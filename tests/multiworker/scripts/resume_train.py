@@ -2,20 +2,25 @@
 
 Usage: resume_train.py OUT_DIR LAYOUT LAST_STEP [FAULTS]
 
-Trains the eplutil MLP with Adam in a MonitoredTrainingSession that writes the user's
-checkpoints every 3 steps to EPL_TASK_DIR and stops at LAST_STEP, then writes every
+Trains the eplutil MLP with Adam (a MonitoredTrainingSession that writes the user's
+checkpoints every 3 steps to EPL_TASK_DIR and stops at LAST_STEP), then writes every
 driving worker's final values (copy 0) to OUT_DIR/worker_<i>.npz. LAYOUT:
 
 * ``dp``: ``epl.replicate(1)`` over every device (W x D data parallelism), each worker
-  reading a shuffled shard of the rows;
+  reading a shuffled shard of the rows; ``ga``: the same with 2 runs per step;
+  ``zero_v0``, ``zero_v1``, ``zero_v2``: with ZeRO; ``amp``: with AMP O1;
 * ``pipeline``: the 2-layer MLP as 2 stages with 2 micro-batches (2 workers x 1 device:
   the pipeline spans the workers);
-* ``zero``: ``dp`` with zero.level v1.
+* ``split``: a backbone replicated over each worker's devices and a 7-class classifier
+  split over them;
+* ``estimator``: tf.estimator.Estimator (tests/multiworker/scripts/estimator_model.py's
+  model_fn; checkpoints every 3 steps), values read from worker 0's checkpoint.
 
 FAULTS: comma-separated ``ATTEMPT:WORKER:RUNS:KIND`` (KIND ``kill`` = SIGKILL, ``hang`` =
 SIGSTOP, ``write`` = SIGKILL while writing the snapshot of global step RUNS, after its
 files and before its manifest): on restart ATTEMPT (EPL_RESTART_COUNT), worker WORKER
-does KIND after RUNS training runs. Each fault is printed when it strikes.
+does KIND after RUNS training runs. Each fault is printed with its time, and so is
+every finished step (``STEP_DONE <time>``) and the start (``START <time>``).
 """
 import os
 import signal
@@ -23,6 +28,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
@@ -30,8 +36,13 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 import epl  # noqa: E402
 from epl.session import snapshot_store  # noqa: E402
 from eplutil import initial_weights, make_data, mlp, staged_mlp  # noqa: E402
+from estimator_model import checkpoint_weights, input_fn, make_model_fn  # noqa: E402
 
-LAYOUTS = {"dp": {}, "pipeline": {"pipeline.num_micro_batch": 2}, "zero": {"zero.level": "v1"}}
+LAYOUTS = {"dp": {}, "ga": {"pipeline.num_micro_batch": 2},
+           "pipeline": {"pipeline.num_micro_batch": 2}, "zero_v0": {"zero.level": "v0"},
+           "zero_v1": {"zero.level": "v1"}, "zero_v2": {"zero.level": "v2"},
+           "amp": {"amp.level": "O1"}, "split": {"cluster.colocate_split_and_replicate": True},
+           "estimator": {}}
 
 
 def faults_of(text, attempt, worker):
@@ -74,9 +85,11 @@ def kill_during_write(step):
     snapshot_store.commit_part = commit_part
 
 
-def rows(worker, workers, devices, layout):
+def rows(worker, workers, layout):
     """This worker's shard of the data (pipeline: worker 0 reads everything)."""
     x, y = make_data(4096, seed=11)
+    if layout == "split":
+        y = y * 2 + 1  # 7 classes
     if layout == "pipeline":
         return x, y
     share = len(x) // workers
@@ -84,13 +97,60 @@ def rows(worker, workers, devices, layout):
 
 
 class StepTimes(tf.train.SessionRunHook):
-    """Prints the wall-clock time of every finished training step (recovery.py reads it)."""
+    """Prints the wall-clock time of every finished training run (recovery.py reads it)."""
 
     def after_run(self, run_context, run_values):
         print("STEP_DONE %.3f" % time.time(), flush=True)
 
 
+def model(layout, features, labels, devices):
+    """The loss of ``layout``'s model."""
+    if layout == "pipeline":
+        return staged_mlp(features, labels, initial_weights())
+    if layout == "split":
+        with epl.replicate(devices):
+            hidden = tf.layers.dense(features, 8, activation=tf.nn.relu, name="backbone")
+        with epl.split(devices):
+            logits = tf.layers.dense(hidden, 7, name="classifier")
+            return tf.losses.sparse_softmax_cross_entropy(labels, logits)
+    epl.set_default_strategy(epl.replicate(1))
+    return mlp(features, labels, initial_weights())
+
+
+def train_monitored(layout, data, hooks, last_step, devices):
+    """MonitoredTrainingSession training; returns {name: value} of the global variables."""
+    features, labels = tf.data.make_one_shot_iterator(data).get_next()
+    loss = model(layout, features, labels, devices)
+    step = tf.train.get_or_create_global_step()
+    train = tf.train.AdamOptimizer(0.01).minimize(loss, global_step=step)
+    with tf.train.MonitoredTrainingSession(
+            checkpoint_dir=os.environ.get("EPL_TASK_DIR"), save_checkpoint_steps=3,
+            save_summaries_steps=None, log_step_count_steps=None,
+            hooks=hooks + [tf.train.StopAtStepHook(last_step=last_step)]) as sess:
+        while not sess.should_stop():
+            sess.run(train)
+        raw = sess._tf_sess()  # pylint: disable=protected-access
+        return raw.run(dict((v.op.name, v) for v in tf.global_variables()))
+
+
+def train_estimator(x, y, hooks, last_step):
+    """Estimator training; worker 0's checkpoint holds the values (others: None)."""
+    model_dir = os.environ["EPL_TASK_DIR"]
+    estimator = tf.estimator.Estimator(
+        make_model_fn(), config=tf.estimator.RunConfig(
+            model_dir=model_dir, save_checkpoints_steps=3, log_step_count_steps=None,
+            tf_random_seed=1))
+    epl.set_default_strategy(epl.replicate(1))
+    estimator.train(input_fn(x, y, 4), max_steps=last_step, hooks=hooks)
+    if epl.Env.get().cluster.worker_index != 0:
+        return None
+    return checkpoint_weights(model_dir)
+
+
 def main(out_dir, layout, last_step, fault_text):
+    print("START %.3f" % time.time(), flush=True)
+    print("PID %d" % os.getpid(), flush=True)
+    tf.set_random_seed(1)
     epl.init(epl.Config(LAYOUTS[layout]))
     cluster = epl.Env.get().cluster
     worker = cluster.worker_index
@@ -99,27 +159,18 @@ def main(out_dir, layout, last_step, fault_text):
     for runs, kind in mine:
         if kind == "write":
             kill_during_write(runs)
-    x, y = rows(worker, cluster.worker_num, cluster.gpu_num_per_worker, layout)
-    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(64, seed=worker).batch(4)
-    features, labels = tf.data.make_one_shot_iterator(data).get_next()
-    if layout == "pipeline":
-        loss = staged_mlp(features, labels, initial_weights())
+    x, y = rows(worker, cluster.worker_num, layout)
+    hooks = [Faults(mine), StepTimes()]
+    if layout == "estimator":
+        values = train_estimator(x, y, hooks, last_step)
     else:
-        epl.set_default_strategy(epl.replicate(1))
-        loss = mlp(features, labels, initial_weights())
-    step = tf.train.get_or_create_global_step()
-    train = tf.train.AdamOptimizer(0.01).minimize(loss, global_step=step)
-    hooks = [tf.train.StopAtStepHook(last_step=last_step), Faults(mine), StepTimes()]
-    with tf.train.MonitoredTrainingSession(
-            checkpoint_dir=os.environ.get("EPL_TASK_DIR"), save_checkpoint_steps=3,
-            save_summaries_steps=None, log_step_count_steps=None, hooks=hooks) as sess:
-        while not sess.should_stop():
-            sess.run(train)
-        raw = sess._tf_sess()  # pylint: disable=protected-access
-        values = raw.run(dict((v.op.name.replace("/", "__"), v) for v in tf.global_variables()))
-    np.savez(os.path.join(out_dir, "worker_%d.npz" % worker), **values)
-    print("worker %d done at step %d, resumed from %s" % (
-        worker, values["global_step"], epl.Env.get().snapshots.resumed_from), flush=True)
+        data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(64, seed=worker).batch(4)
+        values = train_monitored(layout, data, hooks, last_step, cluster.gpu_num_per_worker)
+    if values is not None:
+        np.savez(os.path.join(out_dir, "worker_%d.npz" % worker),
+                 **dict((k.replace("/", "__"), v) for k, v in values.items()))
+    print("worker %d done, resumed from %s" % (
+        worker, epl.Env.get().snapshots.resumed_from), flush=True)
 
 
 if __name__ == "__main__":
