@@ -207,10 +207,10 @@ def overhead_row(model, args):
 
 # ---- report ----------------------------------------------------------------------------
 def markdown(payload):
-    parts = ["# Self-healing: recovery from kill -9 and snapshot overhead", "",
-             "Command: `%s`; %s; load average at the start %s (a shared 2-core machine: "
-             "times are under load)." % (payload["command"], payload["date"],
-                                          payload["load_average"]), ""]
+    header = ("Command: `%s`; %s; load average at the start %s (a shared 2-core machine: "
+              "times are under load)." % (payload["command"], payload["date"],
+                                          payload["load_average"]))
+    parts = ["# Self-healing: recovery from kill -9 and snapshot overhead", "", header, ""]
     if payload.get("kills"):
         rows = [[r["layout"], ", ".join("%.1f" % t for t in r["kill_to_next_step"]),
                  "%.1f" % r["cold_start"],

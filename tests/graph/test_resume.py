@@ -26,7 +26,7 @@ import tensorflow.compat.v1 as tf
 
 import epl
 from epl.cluster import Cluster
-from eplutil import (MEASURED, initial_weights, make_data, mlp, run_workers, staged_mlp)
+from eplutil import MEASURED, initial_weights, make_data, mlp, staged_mlp
 from realmodels import MOVING_STATS, OddSizes, ResNet, WideDeep
 
 LAST_STEP = 8

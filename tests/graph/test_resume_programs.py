@@ -300,4 +300,3 @@ def test_without_a_global_step_no_snapshot_is_written_and_it_says_so(tmp_path, c
         assert not epl.Env.get().snapshots.written
     assert caplog.text.count("the graph has no global step") == 1
     assert snapshot_store.steps(str(tmp_path)) == []
-

@@ -5,7 +5,6 @@ to pass (workers wait for files).
 """
 import io
 import os
-import signal
 import textwrap
 
 import pytest

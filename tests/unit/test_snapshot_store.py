@@ -56,8 +56,8 @@ def test_rewriting_a_step_hides_the_old_part_until_committed(tmp_path):
     assert store.complete(str(tmp_path), 6) is None
 
 
-def test_a_damaged_newest_snapshot_falls_back_to_the_previous_with_a_warning(tmp_path,
-                                                                                caplog):
+def test_a_damaged_newest_snapshot_falls_back_to_the_previous_with_a_warning(
+        tmp_path, caplog):
     for step in (2, 4):
         for worker in (0, 1):
             path = _part(tmp_path, step, worker)
