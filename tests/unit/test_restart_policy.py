@@ -1,4 +1,8 @@
 """epl-launch --max_restarts: the pure restart policy and the flag. No process starts."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 from epl.launcher import parse_args, plan_workers
@@ -94,3 +98,13 @@ def test_workers_get_the_restart_count_and_the_snapshot_dir():
     mine = plan_workers(settings, ["127.0.0.1:1", "127.0.0.1:2"], [],
                         {"EPL_CHECKPOINT_SNAPSHOT_DIR": "/shared/snaps"})
     assert mine[1].env["EPL_CHECKPOINT_SNAPSHOT_DIR"] == "/shared/snaps"
+
+
+def test_the_launcher_still_imports_no_tensorflow():
+    """It reads epl.session's exit code and snapshot layout, both TF-free modules."""
+    code = ("import sys, epl.launcher; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0].startswith('tensorflow')))")
+    out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__)))))
+    assert out.stdout.decode().strip() == "[]"
