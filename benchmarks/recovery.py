@@ -60,10 +60,10 @@ LAYOUTS = {
     "amp O1": ("amp", 2, 1, (0,), 1),
     "estimator": ("estimator", 2, 1, (1,), 1),
 }
-STEP_DONE = re.compile(r"^\[worker (\d+)\] STEP_DONE ([0-9.]+)$")
+STEP_DONE = re.compile(r"^\[worker (\d+)\] STEP_DONE ([0-9.]+) (\d+)$")
 START = re.compile(r"^\[worker (\d+)\] START ([0-9.]+)$")
 PID = re.compile(r"^\[worker (\d+)\] PID (\d+)$")
-RESUMED = re.compile(r"^\[worker 0\] worker 0 done, resumed from (\S+)$")
+RESUMED = re.compile(r"^\[worker 0\] .*resuming from the snapshot of step (\d+) ")
 
 
 def parse_args(argv):
@@ -82,13 +82,16 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=34)
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--out", default=os.path.join(common.HERE, "results"))
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the rows of <out>/recovery.json that this run does not "
+                             "measure again (layouts and models measured in separate runs)")
     return parser.parse_args(argv)
 
 
 # ---- kills ---------------------------------------------------------------------------
 class Killer(object):
-    """Watches the job's output; after worker 0's ``runs``-th finished run of an attempt,
-    sends SIGKILL to worker ``victims[i]`` (the i-th kill: one per attempt)."""
+    """Watches the job's output; after worker 0's ``runs[i]``-th finished run of attempt
+    i, sends SIGKILL to worker ``victims[i]`` and records (time, global step)."""
 
     def __init__(self, victims, runs):
         self.victims, self.runs = list(victims), list(runs)
@@ -109,7 +112,7 @@ class Killer(object):
             index = len(self.kills)
             if self.done == self.runs[index] and self.victims[index] in self.pids:
                 os.kill(self.pids[self.victims[index]], signal.SIGKILL)
-                self.kills.append((time.time(), self.done))
+                self.kills.append((time.time(), int(found.group(3))))
 
 
 def _launch(layout, workers, devices, last_step, every, timeout, restarts=0, echo=None):
@@ -131,6 +134,7 @@ def _launch(layout, workers, devices, last_step, every, timeout, restarts=0, ech
 
 
 def _times(pattern, lines, start=0):
+    """[(worker, time)] of the lines matching ``pattern`` (START or STEP_DONE)."""
     return [(int(m.group(1)), float(m.group(2))) for m in map(pattern.match, lines[start:]) if m]
 
 
@@ -155,24 +159,20 @@ def kill_row(name, args):
 
 
 def _kill_record(name, result, killer, runs, runs_per_step, cold_start, reference, resumed):
+    """One row: per kill the time to the next completed run and the steps trained again
+    (global step at the kill minus the snapshot the next attempt resumed from)."""
+    del runs_per_step
     lines = result.lines
     recoveries = []
     for kill_time, _ in killer.kills:
         after = [t for _, t in _times(STEP_DONE, lines) if t > kill_time + 0.5]
         recoveries.append(min(after) - kill_time)
-    restarted = [i for i, line in enumerate(lines) if "restart 1 of" in line][0]
-    new_starts = [t for w, t in _times(START, lines, restarted) if w == 0]
-    new_steps = [t for w, t in _times(STEP_DONE, lines, restarted) if w == 0]
-    restart_cold = new_steps[0] - new_starts[0] if new_starts and new_steps else None
-    resumed_from = [m.group(1) for m in map(RESUMED.match, lines) if m]
-    from_step = int(resumed_from[-1]) if resumed_from and resumed_from[-1] != "None" else 0
-    at_kill = killer.kills[-1][1] // runs_per_step
+    resumed_from = [int(m.group(1)) for m in map(RESUMED.match, lines) if m]
+    redone = [step - start for (_, step), start in zip(killer.kills, resumed_from)]
     diff = max(float(np.abs(reference[k] - resumed[k]).max()) for k in reference)
     return {"layout": name, "kill_after_runs": runs, "kill_to_next_step": recoveries,
-            "cold_start": cold_start, "restarted_cold_start": restart_cold,
-            "steps_redone": at_kill - from_step, "resumed_from": from_step,
-            "max_abs_diff": diff, "restarts": sum("restart %d of" % (i + 1) in "\n".join(lines)
-                                                  for i in range(len(runs))),
+            "cold_start": cold_start, "steps_at_kill": [step for _, step in killer.kills],
+            "resumed_from": resumed_from, "steps_redone": redone, "max_abs_diff": diff,
             "log_excerpt": [line for line in lines if line.startswith("epl-launch")
                             or "resuming from the snapshot" in line][:8]}
 
@@ -215,11 +215,16 @@ def markdown(payload):
         rows = [[r["layout"], ", ".join("%.1f" % t for t in r["kill_to_next_step"]),
                  "%.1f" % r["cold_start"],
                  ", ".join("%.1f" % (t - r["cold_start"]) for t in r["kill_to_next_step"]),
-                 r["steps_redone"], "%.1e" % r["max_abs_diff"]] for r in payload["kills"]]
+                 ", ".join(str(n) for n in r["steps_redone"]), "%.1e" % r["max_abs_diff"]]
+                for r in payload["kills"]]
         parts += ["## kill -9 of a worker, epl-launch --max_restarts 2", "",
                   common.markdown_table(["layout", "kill -> next completed step (s)",
                                          "cold start (s)", "beyond cold start (s)",
-                                         "steps redone", "max abs diff"], rows), ""]
+                                         "steps redone", "max abs diff"], rows), "",
+                  "Cold start: the uninterrupted job's first attempt from its start to its "
+                  "first completed step. Steps redone: global step at the kill minus the "
+                  "snapshot step the next attempt resumed from (snapshots every %s steps "
+                  "in these runs)." % payload.get("kill_every", "?"), ""]
     if payload.get("overhead"):
         rows = [[r["model"], r["every"], "%.3f" % r["median_step"],
                  "%.2f" % r["snapshot_write"], "%.1f" % (r["snapshot_bytes"] / 1e6),
@@ -239,7 +244,8 @@ def main(argv=None):
     started = time.time()
     payload = dict(common.environment_info(sys.argv), command=common.format_command(
         [os.path.relpath(sys.argv[0], common.REPO)] + sys.argv[1:]),
-        load_average=common.load_average(), kills=[], overhead=[])
+        load_average=common.load_average(), kills=[], overhead=[],
+        kill_every=args.kill_every)
     if "kills" in args.parts:
         for name in args.layouts:
             print("kills: %s" % name, flush=True)
@@ -248,7 +254,22 @@ def main(argv=None):
         for model in ("mlp", "encoder"):
             print("overhead: %s" % model, flush=True)
             payload["overhead"].append(overhead_row(model, args))
+    if args.merge:
+        _merge(payload, common.read_results(args.out, NAME) or {})
     return common.publish(args.out, NAME, payload, markdown(payload), time.time() - started)
+
+
+def _merge(payload, earlier):
+    """Add ``earlier``'s rows that ``payload`` does not measure, in the table's order; each
+    kept row keeps the command and date it was measured with."""
+    for part, key, order in (("kills", "layout", list(LAYOUTS)), ("overhead", "model",
+                                                                  ["mlp", "encoder"])):
+        measured = set(row[key] for row in payload[part])
+        for row in earlier.get(part, []):
+            if row[key] not in measured:
+                payload[part].append(dict(row, measured=row.get("measured", earlier.get(
+                    "date"))))
+        payload[part].sort(key=lambda row: order.index(row[key]))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ train from the user's checkpoint on the first batches again (the failure before 
 change); the kill step is printed so that a failure can be reproduced.
 
 Layouts: data parallelism on 2 local devices (ResNet with batch norm, the embedding
-model), gradient accumulation, a 2-stage pipeline, ZeRO v1 and v2, split layers, AMP,
+model), gradient accumulation, a 2-stage pipeline, ZeRO v0, v1 and v2, split layers, AMP,
 tf.Session with a Saver and an initializable iterator, an Estimator, and two in-process
 workers with IO slicing. Real processes and epl-launch: tests/multiworker/test_resume_workers.py.
 """
@@ -78,6 +78,7 @@ LAYOUTS = {
     "dp_embedding": Layout(2, {}, _corpus(WideDeep())),
     "ga": Layout(1, {"pipeline.num_micro_batch": 2}, _mlp),
     "pipeline": Layout(2, {"pipeline.num_micro_batch": 2}, _staged, False),
+    "zero_v0": Layout(2, {"zero.level": "v0"}, _mlp),
     "zero_v1": Layout(2, {"zero.level": "v1"}, _corpus(OddSizes())),
     "zero_v2": Layout(2, {"zero.level": "v2"}, _mlp),
     "split": Layout(2, {"cluster.colocate_split_and_replicate": True}, _split, False),

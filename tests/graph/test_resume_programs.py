@@ -104,6 +104,20 @@ def test_a_kill_before_the_first_periodic_snapshot_resumes_from_the_start(tmp_pa
     assert _record(reference, resumed, reference) <= TOL
 
 
+@pytest.mark.timeout(200)
+def test_the_users_checkpoints_are_unchanged(tmp_path):
+    """The user's Saver writes the same names with and without snapshots: EPL's savers
+    (model state, iterator positions) are in no collection."""
+    listed = []
+    for every in (0, SNAPSHOTS):
+        checkpoints = str(tmp_path / ("c%d" % every))
+        os.makedirs(checkpoints)
+        _session_program(checkpoints, str(tmp_path / ("s%d" % every)), every=every)
+        listed.append(tf.train.list_variables(tf.train.latest_checkpoint(checkpoints)))
+    assert listed[0] == listed[1]
+    assert not [name for name, _ in listed[1] if "EPL" in name or "Iterator" in name]
+
+
 # ---- Estimator -------------------------------------------------------------------------
 def _estimator(model_dir, snapshots, kill_after=None):
     x, y = make_data(256, seed=5)

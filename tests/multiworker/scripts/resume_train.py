@@ -11,8 +11,8 @@ driving worker's final values (copy 0) to OUT_DIR/worker_<i>.npz. LAYOUT:
   ``zero_v0``, ``zero_v1``, ``zero_v2``: with ZeRO; ``amp``: with AMP O1;
 * ``pipeline``: the 2-layer MLP as 2 stages with 2 micro-batches (2 workers x 1 device:
   the pipeline spans the workers);
-* ``split``: a backbone replicated over each worker's devices and a 7-class classifier
-  split over them;
+* ``split``: one model replica spanning every device of every worker: a backbone under
+  ``epl.replicate(W x D)`` and a 7-class classifier under ``epl.split(W x D)``;
 * ``estimator``: tf.estimator.Estimator (tests/multiworker/scripts/estimator_model.py's
   model_fn; checkpoints every 3 steps), values read from worker 0's checkpoint.
 
@@ -97,14 +97,18 @@ def rows(worker, workers, layout):
 
 
 class StepTimes(tf.train.SessionRunHook):
-    """Prints the wall-clock time of every finished training run (recovery.py reads it)."""
+    """Prints the wall-clock time and global step of every finished training run
+    (benchmarks/recovery.py reads them)."""
+
+    def before_run(self, run_context):
+        return tf.train.SessionRunArgs(tf.train.get_global_step())
 
     def after_run(self, run_context, run_values):
-        print("STEP_DONE %.3f" % time.time(), flush=True)
+        print("STEP_DONE %.3f %d" % (time.time(), run_values.results), flush=True)
 
 
 def model(layout, features, labels, devices):
-    """The loss of ``layout``'s model."""
+    """The loss of ``layout``'s model (``devices``: of the whole job)."""
     if layout == "pipeline":
         return staged_mlp(features, labels, initial_weights())
     if layout == "split":
@@ -165,7 +169,8 @@ def main(out_dir, layout, last_step, fault_text):
         values = train_estimator(x, y, hooks, last_step)
     else:
         data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(64, seed=worker).batch(4)
-        values = train_monitored(layout, data, hooks, last_step, cluster.gpu_num_per_worker)
+        values = train_monitored(layout, data, hooks, last_step,
+                                 cluster.worker_num * cluster.gpu_num_per_worker)
     if values is not None:
         np.savez(os.path.join(out_dir, "worker_%d.npz" % worker),
                  **dict((k.replace("/", "__"), v) for k, v in values.items()))
