@@ -21,9 +21,9 @@ run.
 **Overhead**: benchmarks/snapshot_worker.py (dp_worker.py's MLP on 2 workers x 1 device,
 and transformer.py's 12-layer ``mid`` encoder as a 2-stage pipeline on 1 worker x 2
 devices) with snapshots every ``--every`` steps: the median step, the mean time of a
-snapshot write, its size, and the overhead ``write / (every x step)``; the direct
-difference of the mean step with and without snapshots is reported beside it (it is
-noisier on a shared 2-core machine).
+snapshot write (the first, at the job's start, is part of its cold start), its size,
+and the overhead ``write / (every x step)``; beside it, from the same run, the mean of
+all timed steps against the mean of the steps that wrote no snapshot.
 
 Writes <out>/recovery.json and <out>/recovery.md and prints the Markdown.
 """
@@ -75,7 +75,7 @@ def parse_args(argv):
     parser.add_argument("--last-step", type=common.positive_int, default=40)
     parser.add_argument("--kill-every", type=common.positive_int, default=4,
                         help="snapshot_steps of the kill runs (short jobs need a small one)")
-    parser.add_argument("--every", type=common.positive_int, default=100,
+    parser.add_argument("--every", type=common.positive_int, default=200,
                         help="snapshot_steps of the overhead runs (the default key value)")
     parser.add_argument("--mlp-steps", type=common.positive_int, default=400)
     parser.add_argument("--encoder-steps", type=common.positive_int, default=200)
@@ -179,6 +179,7 @@ def _kill_record(name, result, killer, runs, runs_per_step, cold_start, referenc
 
 # ---- overhead ------------------------------------------------------------------------
 def overhead_run(model, every, steps, timeout):
+    """One snapshot_worker.py job with snapshots every ``every`` steps; its BENCH line."""
     workers, devices = (2, 1) if model == "mlp" else (1, 2)
     result = common.launch(OVERHEAD_WORKER, ["--model", model, "--steps", steps], workers,
                            devices, timeout, extra_env={"EPL_CHECKPOINT_SNAPSHOT_STEPS":
@@ -190,27 +191,34 @@ def overhead_run(model, every, steps, timeout):
 
 
 def overhead_row(model, args):
+    """The snapshot cost of one job: each write's time (the first, at the job's start,
+    is part of its cold start and left out), the median step, and the overhead twice:
+    ``write / (every x median step)`` and, from the same run, the mean of all timed steps
+    against the mean of the steps that wrote no snapshot."""
     steps = args.mlp_steps if model == "mlp" else args.encoder_steps
+    warmup = 5
     on = overhead_run(model, args.every, steps, args.timeout)
-    off = overhead_run(model, 0, steps, args.timeout)
-    step = statistics.median(on["step_seconds"])
-    writes = on["snapshot_seconds"]
-    write = statistics.mean(writes[1:] or writes) if writes else None
+    times = on["step_seconds"]
+    step = statistics.median(times)
+    writes = on["snapshot_seconds"][1:] or on["snapshot_seconds"]
+    write = statistics.mean(writes) if writes else None
+    # timed step i is training run warmup + i + 1; runs that are multiples of every wrote
+    plain = [t for i, t in enumerate(times) if (warmup + i + 1) % args.every]
     return {"model": model, "every": args.every, "steps": steps, "median_step": step,
-            "snapshot_writes": writes, "snapshot_write": write,
+            "snapshot_writes": on["snapshot_seconds"], "snapshot_write": write,
             "snapshot_bytes": on["snapshot_bytes"],
             "overhead": write / (args.every * step) if write else None,
-            "mean_step_on": statistics.mean(on["step_seconds"]),
-            "mean_step_off": statistics.mean(off["step_seconds"]),
-            "median_step_off": statistics.median(off["step_seconds"])}
+            "overhead_in_run": statistics.mean(times) / statistics.mean(plain) - 1,
+            "snapshots_in_timed_steps": len(times) - len(plain)}
 
 
 # ---- report ----------------------------------------------------------------------------
 def markdown(payload):
-    header = ("Command: `%s`; %s; load average at the start %s (a shared 2-core machine: "
-              "times are under load)." % (payload["command"], payload["date"],
-                                          payload["load_average"]))
-    parts = ["# Self-healing: recovery from kill -9 and snapshot overhead", "", header, ""]
+    runs = sorted(set(row["run"] for part in ("kills", "overhead")
+                      for row in payload.get(part, []) if row.get("run")))
+    parts = ["# Self-healing: recovery from kill -9 and snapshot overhead", "",
+             "Measured on a shared 2-core machine (other jobs running: times are under "
+             "load) by:", ""] + ["- %s" % run for run in runs] + [""]
     if payload.get("kills"):
         rows = [[r["layout"], ", ".join("%.1f" % t for t in r["kill_to_next_step"]),
                  "%.1f" % r["cold_start"],
@@ -229,13 +237,14 @@ def markdown(payload):
         rows = [[r["model"], r["every"], "%.3f" % r["median_step"],
                  "%.2f" % r["snapshot_write"], "%.1f" % (r["snapshot_bytes"] / 1e6),
                  "%.2f%%" % (100 * r["overhead"]),
-                 "%+.1f%%" % (100 * (r["mean_step_on"] / r["mean_step_off"] - 1))]
+                 "%+.2f%% (%d)" % (100 * r["overhead_in_run"], r["snapshots_in_timed_steps"])]
                 for r in payload["overhead"]]
         parts += ["## Snapshot overhead", "",
                   common.markdown_table(["model", "every k steps", "median step (s)",
                                          "snapshot write (s)", "snapshot MB",
                                          "overhead write/(k x step)",
-                                         "mean step with/without - 1"], rows), ""]
+                                         "mean step / mean step without a write - 1 "
+                                         "(writes timed)"], rows), ""]
     return "\n".join(parts)
 
 
@@ -254,6 +263,10 @@ def main(argv=None):
         for model in ("mlp", "encoder"):
             print("overhead: %s" % model, flush=True)
             payload["overhead"].append(overhead_row(model, args))
+    run = "`%s` (%s, load average %s)" % (payload["command"], payload["date"],
+                                          payload["load_average"])
+    for row in payload["kills"] + payload["overhead"]:
+        row["run"] = run
     if args.merge:
         _merge(payload, common.read_results(args.out, NAME) or {})
     return common.publish(args.out, NAME, payload, markdown(payload), time.time() - started)
@@ -261,14 +274,13 @@ def main(argv=None):
 
 def _merge(payload, earlier):
     """Add ``earlier``'s rows that ``payload`` does not measure, in the table's order; each
-    kept row keeps the command and date it was measured with."""
+    row names the run (command, date, load) that measured it."""
     for part, key, order in (("kills", "layout", list(LAYOUTS)), ("overhead", "model",
                                                                   ["mlp", "encoder"])):
         measured = set(row[key] for row in payload[part])
         for row in earlier.get(part, []):
             if row[key] not in measured:
-                payload[part].append(dict(row, measured=row.get("measured", earlier.get(
-                    "date"))))
+                payload[part].append(row)
         payload[part].sort(key=lambda row: order.index(row[key]))
 
 

@@ -165,7 +165,7 @@ FIELDS = (
        doc="Drop the trailing files that cannot be divided evenly across workers."),
     _F("auto", "auto_parallel", Kind.BOOL, False,
        doc="Experimental: parallelize the model automatically."),
-    _F("checkpoint", "snapshot_steps", Kind.INT, 100, minimum=0, extension=True,
+    _F("checkpoint", "snapshot_steps", Kind.INT, 200, minimum=0, extension=True,
        doc="EPL extension: every N global steps, save the training state (weights, "
            "optimizer slots, AMP loss scale, global step) and each worker's input position "
            "to checkpoint.snapshot_dir, atomically; a restarted job resumes from the newest "

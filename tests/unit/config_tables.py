@@ -39,7 +39,7 @@ EXPECTED_DEFAULTS = {
     "io.unbalanced_io_slicing": False,
     "io.drop_last_files": False,
     "auto.auto_parallel": False,
-    "checkpoint.snapshot_steps": 100,
+    "checkpoint.snapshot_steps": 200,
     "checkpoint.snapshot_dir": "",
     "checkpoint.snapshot_keep": 2,
 }
