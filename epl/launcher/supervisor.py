@@ -5,6 +5,7 @@ in its own session (process group) so it can be stopped as a unit with its
 children and never receives the terminal's Ctrl-C: only the launcher decides
 when the job stops.
 """
+import collections
 import contextlib
 import os
 import signal
