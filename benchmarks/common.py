@@ -52,8 +52,10 @@ merged stdout/stderr (worker lines carry the ``[worker i]`` prefix)."""
 
 # Other processes using more CPUs than this while a run is timed make its row unreliable.
 DISTURBED_CPUS = 0.25
-# Exit code of a worker ended by install_deadline (and of EPL's collective watchdog).
+# Exit code of a worker ended by install_deadline.
 HUNG_EXIT = 124
+# EPL's fault exit: its collective watchdog, a lost peer (epl/session/faults.py).
+FAULT_EXIT = 138
 
 
 class BenchmarkError(RuntimeError):
@@ -390,7 +392,7 @@ def raise_failure(result, what, num_workers, pattern=WORKER_LINE):
     """Raise JobHung (timeout or deadline exit, with every worker's stack) or
     BenchmarkError for a failed run, with ``failure_report``'s diagnostics."""
     report = failure_report(result, what, num_workers, pattern=pattern)
-    if result.timed_out or result.returncode == HUNG_EXIT:
+    if result.timed_out or result.returncode in (HUNG_EXIT, FAULT_EXIT):
         raise JobHung(report, [deadline_stack(job_worker_lines(result, worker, pattern))
                                for worker in range(num_workers)])
     raise BenchmarkError(report)

@@ -94,7 +94,7 @@ def parse_args(argv):
                         help="seconds allowed per job (default 90; a job normally takes "
                              "3-20 s)")
     parser.add_argument("--retries", type=int, default=1,
-                        help="times a HUNG job (timeout, exit code 124) is started again; "
+                        help="times a HUNG job (timeout, exit code 124 or 138) is started again; "
                              "every hang is reported. Crashes are never retried (default 1)")
     parser.add_argument("--rerun-disturbed", type=int, default=1,
                         help="times a job is run again when other processes used more than "

@@ -165,6 +165,18 @@ FIELDS = (
        doc="Drop the trailing files that cannot be divided evenly across workers."),
     _F("auto", "auto_parallel", Kind.BOOL, False,
        doc="Experimental: parallelize the model automatically."),
+    _F("checkpoint", "snapshot_steps", Kind.INT, 200, minimum=0, extension=True,
+       doc="EPL extension: every N global steps, save the training state (weights, "
+           "optimizer slots, AMP loss scale, global step) and each worker's input position "
+           "to checkpoint.snapshot_dir, atomically; a restarted job resumes from the newest "
+           "complete snapshot, exactly. 0 writes none."),
+    _F("checkpoint", "snapshot_dir", Kind.STR, "", extension=True,
+       doc="EPL extension: where snapshots go, on a file system every worker shares. \"\" "
+           "writes none, except under epl-launch, which sets EPL_CHECKPOINT_SNAPSHOT_DIR to "
+           "<log_dir>/epl_snapshots."),
+    _F("checkpoint", "snapshot_keep", Kind.INT, 2, minimum=1, extension=True,
+       doc="EPL extension: complete snapshots kept; when the newest is damaged, a restart "
+           "uses the one before."),
 )
 del _F
 

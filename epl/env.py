@@ -18,6 +18,8 @@ from epl.availability import check_available
 from epl.cluster import Cluster, cpu_allocator
 from epl.config import Config
 from epl.ir.graph import Graph
+from epl.session import snapshot_store
+from epl.session.resume import Snapshots
 from epl.strategies.context import get_context, reset_context
 
 LOG = logging.getLogger("epl")
@@ -43,6 +45,7 @@ class Env(object):
         self.server = None
         self.initialized = False
         self._cluster_scopes = []   # (entered cluster, previous cluster, previous server)
+        self.snapshots = Snapshots()  # the resume and snapshots of this epl.init
 
     # ---- lookup --------------------------------------------------------------
     @classmethod
@@ -121,6 +124,7 @@ class Env(object):
         self._config = config
         self._set_cluster(cluster)
         self.initialized = True
+        self.snapshots = Snapshots()
 
     def _clear(self):
         """Back to the state before any ``epl.init`` (``epl.reset``)."""
@@ -129,6 +133,7 @@ class Env(object):
         self.server = None
         self.initialized = False
         self._cluster_scopes = []
+        self.snapshots = Snapshots()
 
     def get_config_proto(self, base=None):
         """The ConfigProto EPL gives sessions and servers of this worker."""
@@ -258,6 +263,13 @@ def _prefer_bfc(cluster):
                  cpu_allocator.BFC_VARIABLE)
 
 
+def _check_snapshot_dir(config):
+    """A snapshot directory that cannot be written is an error at start, naming it."""
+    section = config.checkpoint
+    if section.snapshot_steps and section.snapshot_dir:
+        snapshot_store.check_writable(section.snapshot_dir)
+
+
 def init(config=None, cluster=None):
     """Start EPL: validate config, discover the cluster, install TF hooks.
 
@@ -286,6 +298,7 @@ def init(config=None, cluster=None):
         raise TypeError("epl.init(config=...) expects an epl.Config or a dict, got %s"
                         % type(config).__name__)
     check_available(config)
+    _check_snapshot_dir(config)
     env = Env._thread_env()
     if cluster is None and env._cluster_scopes:
         cluster = env._cluster_scopes[-1][0]

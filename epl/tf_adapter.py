@@ -559,6 +559,11 @@ def saver_var_list(saver):
     return saver._var_list
 
 
+def serialize_iterator(resource):
+    """SerializeIterator of a tf.data iterator's resource, failing on unsaveable state."""
+    return _impl.serialize_iterator(tf, resource)
+
+
 def rebuild_saver(saver, var_list):
     """A Saver over ``var_list`` with ``saver``'s options; returns its SaverDef."""
     rebuilt = tf.train.Saver(var_list, sharded=saver._sharded, max_to_keep=saver._max_to_keep,

@@ -41,3 +41,8 @@ def list_input(tensors):
     """The inputs of an op with one list input (``Tin``), as TF 1.15's ``_create_c_op``
     takes them: one entry per OpDef input, a list for a list input."""
     return [tensors]
+
+
+def serialize_iterator(tf, resource):
+    """The state of a tf.data iterator (fails for inputs with state TF cannot save)."""
+    return tf.raw_ops.SerializeIterator(resource_handle=resource)

@@ -56,3 +56,9 @@ def list_input(tensors):
     """The inputs of an op with one list input (``Tin``), as TF 2.x's ``_create_c_op``
     takes them: flat (it regroups them by the OpDef)."""
     return tensors
+
+
+def serialize_iterator(tf, resource):
+    """The state of a tf.data iterator. TF 2.x would only warn about state it cannot save
+    (a py_func's) and drop it; policy 2 (fail) makes that an error EPL reports."""
+    return tf.raw_ops.SerializeIterator(resource_handle=resource, external_state_policy=2)

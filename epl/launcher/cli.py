@@ -9,6 +9,7 @@ import sys
 
 from epl.launcher.plan import (PYTHON_NAMES, LaunchError, default_log_dir, is_shell_script,
                                plan_workers, python_dir, python_shim, visible_gpu_ids)
+from epl.launcher.relaunch import execute_with_restarts
 from epl.launcher.settings import PROG, parse_args
 from epl.launcher.supervisor import execute
 
@@ -48,8 +49,11 @@ def _describe(settings, specs, gpu_ids):
     kind = "GPU" if gpu_ids else "virtual CPU"
     indices = ",".join(str(s.index) for s in specs)
     return ("%s: %d worker(s) x %d %s device(s) per worker; running worker(s) %s here; "
-            "logs in %s%s" % (PROG, settings.num_workers, settings.gpu_per_worker, kind,
-                              indices, settings.log_dir, " [debug]" if settings.debug else ""))
+            "logs in %s%s%s" % (PROG, settings.num_workers, settings.gpu_per_worker, kind,
+                                indices, settings.log_dir,
+                                "; up to %d restart(s)" % settings.max_restarts
+                                if settings.max_restarts else "",
+                                " [debug]" if settings.debug else ""))
 
 
 def _resolve_log_dir(settings):
@@ -106,4 +110,6 @@ def main(argv=None, detect_gpus=count_gpus):
     if is_shell_script(settings.script):
         write_python_shims(settings.log_dir)
     print(_describe(settings, specs, gpu_ids), flush=True)
+    if settings.max_restarts:
+        return execute_with_restarts(specs, settings.max_restarts)
     return execute(specs)

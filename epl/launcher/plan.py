@@ -155,12 +155,20 @@ def local_workers(settings, hosts):
     return [(rank, slot)]
 
 
+def snapshot_dir(log_dir):
+    """Where a launched job's workers write EPL's snapshots unless the user chose a
+    place (EPL_CHECKPOINT_SNAPSHOT_DIR): the job's log directory, which a restart (by
+    --max_restarts, or the same command with the same --log_dir) reads again."""
+    return os.path.join(log_dir, "epl_snapshots")
+
+
 def worker_env(settings, hosts, index, slot, gpu_ids, base_env):
     """The environment of worker `index`. Inherited TF_CONFIG and device
     variables are replaced so a stale value in the user's shell cannot silently
     change the job. EPL_TASK_DIR is the original EPL's task_dir, the worker's
     own `<log_dir>/<index>` (:func:`task_dir`), so .py scripts need no extra
-    argument; EPL_LAUNCH_LOG_DIR is the job's log directory. A shell script finds
+    argument; EPL_LAUNCH_LOG_DIR is the job's log directory; EPL_RESTART_COUNT
+    counts the job's restarts (0 here, see epl.launcher.relaunch). A shell script finds
     the launcher's Python first on PATH (:func:`python_dir`), as a .py script runs
     with it, whatever the caller's PATH or activated virtualenv."""
     env = dict(base_env)
@@ -173,6 +181,8 @@ def worker_env(settings, hosts, index, slot, gpu_ids, base_env):
     if is_shell_script(settings.script):
         path = env.get("PATH")
         env["PATH"] = python_dir(settings.log_dir) + (os.pathsep + path if path else "")
+    env["EPL_RESTART_COUNT"] = "0"
+    env.setdefault("EPL_CHECKPOINT_SNAPSHOT_DIR", snapshot_dir(settings.log_dir))
     if settings.debug:
         env["EPL_DEBUG"] = "1"
     return env

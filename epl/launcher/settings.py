@@ -13,7 +13,8 @@ PROG = "epl-launch"
 
 Settings = collections.namedtuple("Settings", [
     "num_workers", "gpu_per_worker", "machine_list", "machine_rank",
-    "log_dir", "task_label", "debug", "script", "script_args"])
+    "log_dir", "task_label", "debug", "script", "script_args", "max_restarts"],
+    defaults=(0,))
 Settings.__doc__ = """Validated command line. Immutable so planning functions cannot
 mutate shared state; machine_list and script_args are tuples."""
 
@@ -34,7 +35,7 @@ def _positive_int(text):
 
 
 def _non_negative_int(text):
-    """argparse type for --machine_rank (0 is a valid rank)."""
+    """argparse type for --machine_rank and --max_restarts (0 is a valid value)."""
     try:
         value = int(text)
     except ValueError:
@@ -116,6 +117,12 @@ VALUE_OPTIONS = (
                             "every worker as EPL_TASK_DIR) (default: experiments/...)")),
     ("--task_label", dict(type=_task_label, default=None,
                           help="suffix for the default log directory name")),
+    ("--max_restarts", dict(type=_non_negative_int, default=0,
+                            help="after a fault (a worker killed by a signal, or a worker "
+                                 "that lost its peer: exit codes 130/137/138/143) stop every "
+                                 "worker and start them again, up to N times; the job "
+                                 "resumes from its newest snapshot (default 0: fail fast; "
+                                 "docs/fault_tolerance.md)")),
 )
 VALUE_FLAGS = frozenset(flag for flag, _ in VALUE_OPTIONS)
 
@@ -244,4 +251,4 @@ def parse_args(argv):
         num_workers=ns.num_workers, gpu_per_worker=ns.gpu_per_worker,
         machine_list=ns.machine_list, machine_rank=ns.machine_rank, log_dir=ns.log_dir,
         task_label=ns.task_label, debug=ns.debug, script=ns.script,
-        script_args=tuple(ns.script_args))
+        script_args=tuple(ns.script_args), max_restarts=ns.max_restarts)

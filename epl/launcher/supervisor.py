@@ -5,6 +5,7 @@ in its own session (process group) so it can be stopped as a unit with its
 children and never receives the terminal's Ctrl-C: only the launcher decides
 when the job stops.
 """
+import collections
 import contextlib
 import os
 import signal
@@ -17,6 +18,7 @@ import time
 from epl.launcher.console import Console, open_through_channel, pump_lines, pump_through
 from epl.launcher.failure import OutputRecord, error_lines
 from epl.launcher.plan import exit_code_for
+from epl.launcher.restart import Failure, cause_of
 from epl.launcher.settings import PROG
 
 TAIL_LINES = 20
@@ -119,8 +121,9 @@ def _group_alive(pgid):
 
 
 def stop_workers(workers, grace_period, hurry=lambda: False):
-    """SIGTERM the process groups, wait up to `grace_period` seconds (less if
-    `hurry()` turns true, e.g. a second Ctrl-C), then SIGKILL what is left.
+    """SIGTERM (and SIGCONT, for stopped processes) the process groups, wait up to
+    `grace_period` seconds (less if `hurry()` turns true, e.g. a second Ctrl-C), then
+    SIGKILL what is left.
 
     Workers that already exited 0 are left alone: their pid may be long reaped,
     and signalling a recycled process-group id could hit an unrelated job."""
@@ -128,6 +131,7 @@ def stop_workers(workers, grace_period, hurry=lambda: False):
         worker.proc.poll()
     targets = [w for w in workers if w.proc.returncode != 0]
     _signal_groups(targets, signal.SIGTERM)
+    _signal_groups(targets, signal.SIGCONT)  # a stopped (hung) worker handles it now
     deadline = time.monotonic() + grace_period
     while time.monotonic() < deadline and not hurry():
         for worker in targets:
@@ -174,8 +178,8 @@ def _terminal_restored(active):
 
 
 def _supervise(workers, received, poll_interval):
-    """Poll until all workers succeed (None), one fails (its _Worker) or the
-    launcher gets a signal (the signal number)."""
+    """Poll until all workers succeed (None), some fail (the failed _Workers, every one
+    that had failed when the first was seen) or the launcher gets a signal (its number)."""
     while True:
         if received:
             return received[0]
@@ -185,7 +189,7 @@ def _supervise(workers, received, poll_interval):
             if code is None:
                 running = True
             elif code != 0:
-                return worker
+                return [w for w in workers if w.proc.poll() not in (None, 0)]
         if not running:
             return None
         time.sleep(poll_interval)
@@ -224,22 +228,70 @@ def _start_all(worker_specs, console, err, grace_period):
     return workers, None
 
 
+Outcome = collections.namedtuple("Outcome", ["code", "failures", "interrupted"])
+Outcome.__doc__ = """How one attempt of the job ended: the launcher's exit ``code``,
+``failures`` ([restart.Failure] of every worker that had failed when the launcher
+noticed, root cause first; empty on success, on a signal or when a worker could not
+start) and ``interrupted`` (the launcher received SIGINT/SIGTERM)."""
+
+
 def _finish(workers, outcome, received, grace_period, err):
     """Stop whatever still runs after `outcome` (see _supervise), wait for the
-    output readers and return the launcher's exit code."""
+    output readers and return the attempt's Outcome."""
     if outcome is None:
-        code = 0
-    elif isinstance(outcome, _Worker):
+        result = Outcome(0, [], False)
+    elif isinstance(outcome, list):
         stop_workers(workers, grace_period, hurry=lambda: bool(received))
-        code = None
+        failures = [Failure(w.spec.index, exit_code_for(w.proc.returncode)) for w in outcome]
+        cause = cause_of(failures)
+        result = Outcome(cause.code, [cause] + [f for f in failures if f != cause], False)
     else:
         err.write("%s: received %s, stopping workers\n" % (PROG, signal.Signals(outcome).name))
         err.flush()
         stop_workers(workers, grace_period, hurry=lambda: len(received) > 1)
-        code = 128 + outcome
+        result = Outcome(128 + outcome, [], True)
     for worker in workers:
         worker.thread.join(timeout=5.0)
-    return _report_failure(outcome, err) if code is None else code
+    if result.failures:
+        _report_failure(next(w for w in outcome if w.spec.index == result.failures[0].worker),
+                        err)
+    return result
+
+
+class Streams(object):
+    """What every attempt of one launch shares: the console, the error stream and the
+    signals received (see :func:`launch_streams`)."""
+
+    def __init__(self, console, err, received):
+        self.console, self.err, self.received = console, err, received
+
+
+@contextlib.contextmanager
+def launch_streams(worker_specs, stdout=None, stderr=None):
+    """Around all attempts of a launch: one Console, SIGINT/SIGTERM routed to the
+    launcher (a signal between two attempts still stops the job), the terminal
+    restored at the end in debug mode."""
+    received = []
+    previous = _install_handlers(received)
+    try:
+        with _terminal_restored(any(spec.interactive for spec in worker_specs)):
+            yield Streams(Console(stdout or sys.stdout), stderr or sys.stderr, received)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def run_attempt(worker_specs, streams, grace_period=DEFAULT_GRACE_PERIOD,
+                poll_interval=POLL_INTERVAL):
+    """Start all workers, stream their output and supervise them until the attempt
+    ends; returns its Outcome (see :func:`execute` for the codes)."""
+    if streams.received:
+        return Outcome(128 + streams.received[0], [], True)
+    workers, failed = _start_all(worker_specs, streams.console, streams.err, grace_period)
+    if workers is None:
+        return Outcome(failed, [], False)
+    outcome = _supervise(workers, streams.received, poll_interval)
+    return _finish(workers, outcome, streams.received, grace_period, streams.err)
 
 
 def execute(worker_specs, grace_period=DEFAULT_GRACE_PERIOD, poll_interval=POLL_INTERVAL,
@@ -247,21 +299,10 @@ def execute(worker_specs, grace_period=DEFAULT_GRACE_PERIOD, poll_interval=POLL_
     """Start all workers, stream their output and supervise them.
 
     Returns 0 if every worker exits 0; the failed worker's code (128+N if killed
-    by signal N) after stopping the rest if any fails; 130/143 after stopping
-    everyone on SIGINT/SIGTERM; 127 if a worker cannot be started. A partially
+    by signal N) after stopping the rest if any fails (of workers that failed
+    together, the root cause of :func:`epl.launcher.restart.cause_of`); 130/143 after
+    stopping everyone on SIGINT/SIGTERM; 127 if a worker cannot be started. A partially
     failed job is always torn down, because TF workers would otherwise block
     forever waiting for the lost peer."""
-    console = Console(stdout or sys.stdout)
-    err = stderr or sys.stderr
-    received = []
-    previous = _install_handlers(received)
-    try:
-        with _terminal_restored(any(spec.interactive for spec in worker_specs)):
-            workers, failed = _start_all(worker_specs, console, err, grace_period)
-            if workers is None:
-                return failed
-            outcome = _supervise(workers, received, poll_interval)
-            return _finish(workers, outcome, received, grace_period, err)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    with launch_streams(worker_specs, stdout, stderr) as streams:
+        return run_attempt(worker_specs, streams, grace_period, poll_interval).code

@@ -39,6 +39,7 @@ class ParallelProgram(object):
         "timeout": "communication.timeout",
         "worker_label": "this worker's name in messages",
         "peer_hosts": "the other workers of our groups",
+        "snapshot": "what a snapshot saves on this worker (epl.session.resume.SnapshotRecord)",
     }
 
     def __init__(self, plan, worker, num_copies):
@@ -74,6 +75,7 @@ class ParallelProgram(object):
         self.timeout = None        # communication.timeout (seconds)
         self.worker_label = "worker %d" % worker
         self.peer_hosts = ()       # host:port of the other workers in our collective groups
+        self.snapshot = None       # what a snapshot saves here (epl.session.resume), if on
         self._reach_cache = {}
 
     def add_extras(self, op_name, ops):

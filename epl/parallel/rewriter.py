@@ -25,6 +25,7 @@ from epl.runtime.gc_select import UnusedCheckpoints
 from epl.runtime.offload import Offload
 from epl.runtime.zero_partition import ZeroPartition, ZeroSync
 from epl.runtime.zero_checkpoint import ZeroCheckpoints
+from epl.runtime.snapshot_state import SnapshotState
 from epl.parallel.passes.io_slicing import IOSlicing
 from epl.parallel.passes.classify import ClassifyRoles
 from epl.parallel.passes.end_of_input import EndOfInput
@@ -68,6 +69,7 @@ PASSES = (
     ZeroCheckpoints(),
     EndOfInput(),
     VariableSync(),
+    SnapshotState(),
 )
 
 

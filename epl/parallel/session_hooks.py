@@ -161,14 +161,23 @@ def _wrap_session_run(original, provider):
         mapper, flat, count = _expand(self.graph, program, fetches)
         ops = _ops_of(flat)
         initializing = _initializes_variables(program, self.graph, ops)
+        snapshots, training = _snapshots(self.graph, provider), False
         if not initializing:
+            training = snapshots.before_run(self, program, original, ops, feed_dict)
             ensure_synced(self, program, original)
         values = guarded(program, ops,
                          lambda: original(self, flat, feed_dict, options, run_metadata))
         if initializing:
             mark_initialized(self, program)
+        snapshots.after_run(self, program, original, training)
         return mapper.build_results(values[:count])
     return run
+
+
+def _snapshots(graph, provider):
+    """The resume and snapshot state of the Env that owns ``graph`` (epl.session.resume)."""
+    view = _view(graph)
+    return ((view.owner if view is not None else None) or provider()).snapshots
 
 
 def _wrap_make_callable(original, provider):
@@ -183,11 +192,15 @@ def _wrap_make_callable(original, provider):
         initializing = _initializes_variables(program, self.graph, ops)
 
         def call(*args, **kwargs):
+            run, training = _UNWRAPPED_RUN[0], False
+            snapshots = _snapshots(self.graph, provider)
             if not initializing:
-                ensure_synced(self, program, _UNWRAPPED_RUN[0])
+                training = snapshots.before_run(self, program, run, ops, None)
+                ensure_synced(self, program, run)
             values = guarded(program, ops, lambda: inner(*args, **kwargs))
             if initializing:
                 mark_initialized(self, program)
+            snapshots.after_run(self, program, run, training)
             return mapper.build_results(values[:count])
         return call
     return make_callable

@@ -11,6 +11,7 @@ import logging
 import threading
 import weakref
 
+from epl.session.faults import PeerLostError
 from epl.session.reachability import wait_until_reachable
 from epl.session.watchdog import WATCHDOG
 
@@ -32,7 +33,7 @@ def preflight(program):
         return
     missing = wait_until_reachable(program.peer_hosts, program.timeout)
     if missing:
-        raise RuntimeError(
+        raise PeerLostError(
             "EPL: %s cannot start its collectives: worker(s) at %s did not come up within "
             "communication.timeout=%s s. Start every worker of TF_CONFIG (epl-launch does) or "
             "raise EPL_COMMUNICATION_TIMEOUT." % (program.worker_label, ", ".join(missing),

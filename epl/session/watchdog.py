@@ -5,26 +5,23 @@ neither ``RunOptions.timeout_in_ms`` nor closing the session releases it (we
 checked both on this platform). So one monitor thread per process watches the
 runs that contain collectives; when a run passes its deadline it writes an
 error naming the collective groups and this worker, then ends the process
-with exit code 124, which ``epl-launch`` reports (and stops the other
-workers). Waiting forever is never the outcome.
+with exit code 138 (a fault: :mod:`epl.session.faults`), which ``epl-launch``
+reports (and stops the other workers, or restarts the job with
+``--max_restarts``). Waiting forever is never the outcome.
 """
 import logging
-import os
-import sys
 import threading
 import time
 
+from epl.session.faults import FAULT_EXIT_CODE, exit_for_fault
+
 LOG = logging.getLogger("epl")
-TIMEOUT_EXIT_CODE = 124
+TIMEOUT_EXIT_CODE = FAULT_EXIT_CODE
 
 
 def exit_process(message):
     """Default action on a timeout: report and end the process."""
-    LOG.error("%s", message)
-    sys.stderr.write(message + "\n")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(TIMEOUT_EXIT_CODE)
+    exit_for_fault(message)
 
 
 class Watchdog(object):

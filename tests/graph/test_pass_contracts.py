@@ -116,6 +116,10 @@ SCENARIOS = {
         {"zero.level": "v2", "pipeline.num_micro_batch": 2}, "adam"),
         ["zero_partition", "zero_sync", "zero_checkpoints"]),
     "io_slicing_worker_0_of_2": (_io_slicing, ["io_slicing"]),
+    "snapshots_zero_worker_0_of_2": (lambda tmp: _data_parallel(
+        {"zero.level": "v1", "checkpoint.snapshot_steps": 2,
+         "checkpoint.snapshot_dir": str(tmp / "snapshots")}, "adam", devices=1,
+        hosts=TWO_WORKERS), ["zero_checkpoints", "snapshot_state"]),
 }
 EVERY_GRAPH = ["classify_roles", "placement", "gradient_aggregation", "merged_outputs",
                "variable_sync"]

@@ -39,16 +39,22 @@ EXPECTED_DEFAULTS = {
     "io.unbalanced_io_slicing": False,
     "io.drop_last_files": False,
     "auto.auto_parallel": False,
+    "checkpoint.snapshot_steps": 200,
+    "checkpoint.snapshot_dir": "",
+    "checkpoint.snapshot_keep": 2,
 }
 KEYS = list(EXPECTED_DEFAULTS)
 EXTENSION_KEYS = ["pipeline.micro_batching", "cluster.source", "cluster.port_base",
                   "cluster.rendezvous_timeout", "communication.sparse_reduction",
-                  "communication.timeout"]
+                  "communication.timeout", "checkpoint.snapshot_steps",
+                  "checkpoint.snapshot_dir", "checkpoint.snapshot_keep"]
+FREE_TEXT_KEYS = ["checkpoint.snapshot_dir"]  # any text is a value: no bad value to give
 BOOL_KEYS = [k for k, v in EXPECTED_DEFAULTS.items() if isinstance(v, bool)]
 COUNT_KEYS = ["pipeline.num_micro_batch", "optimizer.num_apply_group",
               "communication.num_communicators", "communication.max_splits"]
 INT_KEYS = COUNT_KEYS + ["pipeline.num_stages", "gradient_checkpoint.end_taskgraph",
-                         "cluster.port_base"]
+                         "cluster.port_base", "checkpoint.snapshot_steps",
+                         "checkpoint.snapshot_keep"]
 NUMBER_KEYS = ["amp.loss_scale", "communication.fp16_scale", "cluster.rendezvous_timeout",
                "communication.timeout"]
 
@@ -86,6 +92,9 @@ OVERRIDES = {
     "io.unbalanced_io_slicing": True,
     "io.drop_last_files": True,
     "auto.auto_parallel": True,
+    "checkpoint.snapshot_steps": 0,
+    "checkpoint.snapshot_dir": "/shared/snapshots",
+    "checkpoint.snapshot_keep": 3,
 }
 
 # key -> (environment variable, raw text, parsed value); all differ from the defaults.
@@ -127,6 +136,9 @@ ENV_OVERRIDES = {
     "io.unbalanced_io_slicing": ("EPL_IO_UNBALANCED_IO_SLICING", "TRUE", True),
     "io.drop_last_files": ("EPL_IO_DROP_LAST_FILES", "1", True),
     "auto.auto_parallel": ("EPL_AUTO_AUTO_PARALLEL", "true", True),
+    "checkpoint.snapshot_steps": ("EPL_CHECKPOINT_SNAPSHOT_STEPS", "25", 25),
+    "checkpoint.snapshot_dir": ("EPL_CHECKPOINT_SNAPSHOT_DIR", "/tmp/snaps", "/tmp/snaps"),
+    "checkpoint.snapshot_keep": ("EPL_CHECKPOINT_SNAPSHOT_KEEP", "5", 5),
 }
 
 # key -> (value of the wrong type, text of the expected type).
@@ -163,6 +175,9 @@ BAD_TYPES = {
     "io.unbalanced_io_slicing": (None, "bool"),
     "io.drop_last_files": (1, "bool"),
     "auto.auto_parallel": ("True", "bool"),
+    "checkpoint.snapshot_steps": (10.0, "int"),
+    "checkpoint.snapshot_dir": (None, "str"),
+    "checkpoint.snapshot_keep": ("2", "int"),
 }
 
 # key -> (value of the right type that is not allowed, fragment of the allowed text).
@@ -189,6 +204,8 @@ BAD_VALUES = {
     "communication.fp16_scale": (0, "a number > 0"),
     "communication.timeout": (-1, "a number > 0"),
     "communication.gradients_reduce_method": ("avg", "'mean', 'sum'"),
+    "checkpoint.snapshot_steps": (-1, ">= 0"),
+    "checkpoint.snapshot_keep": (0, ">= 1"),
 }
 
 # key -> (bad raw environment text, fragment of what the variable accepts).
@@ -215,6 +232,8 @@ BAD_ENV.update({
     "communication.fp16_scale": ("nan", "a number > 0"),
     "communication.timeout": ("soon", "a number > 0"),
     "communication.gradients_reduce_method": ("max", "'mean', 'sum'"),
+    "checkpoint.snapshot_steps": ("-3", "an integer >= 0"),
+    "checkpoint.snapshot_keep": ("two", "an integer >= 1"),
 })
 
 
