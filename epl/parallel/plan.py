@@ -96,6 +96,12 @@ class Plan(collections.namedtuple("Plan", [
     __slots__ = ()
 
     @property
+    def calls_functions(self):
+        """The step is repeated as calls of stage functions (what a session of the graph
+        sets up differently: see epl.cluster.session_config)."""
+        return self.micro_batching is not None and self.micro_batching[0] == STAGE_FUNCTIONS
+
+    @property
     def stages(self):
         """TaskGraph indices in pipeline order (empty for one TaskGraph or colocation)."""
         if self.colocated or len(self.taskgraphs) < 2:
@@ -193,12 +199,13 @@ def describe_micro_batching(choice):
     return "unrolled copies (one copy of the stage graph each: %s)" % reason
 
 
-def make_plan(config, cluster, specs, unrolled_because=None):
+def make_plan(config, cluster, specs, function_limits=None):
     """Compute the plan; raise PlanError when the layout is impossible.
 
-    ``unrolled_because`` (optional) says why a pipeline of this graph cannot use
-    stage functions (a while loop in a stage, say); the plan then lowers
-    micro-batches as unrolled copies and its print says why."""
+    ``function_limits`` (optional) says what in the graph keeps its step from stage
+    functions (:func:`epl.parallel.repeat.function_limits`; a function of no
+    arguments, asked only when the plan repeats a step and lets the graph decide); the
+    plan then repeats the step as unrolled copies and its print says why."""
     specs = list(specs)
     if not specs:
         raise PlanError("the graph has no TaskGraphs; build the model after epl.init()")
@@ -222,13 +229,23 @@ def make_plan(config, cluster, specs, unrolled_because=None):
     if plan.pipeline:
         plan = plan._replace(schedule=_schedule.get_schedule(
             plan.strategy, len(plan.stages), plan.num_micro_batch))
-    if unrolled_because is None:
-        unrolled_because = split_reason(specs)
     if plan.pipeline or _local_replicas(plan):
-        plan = plan._replace(micro_batching=(UNROLLED, unrolled_because) if unrolled_because
-                             else (STAGE_FUNCTIONS, None))
+        plan = plan._replace(micro_batching=choose_micro_batching(
+            config.pipeline.micro_batching, specs, function_limits))
     _warn_about(plan)
     return plan
+
+
+def choose_micro_batching(key, specs, function_limits=None):
+    """(STAGE_FUNCTIONS, None) or (UNROLLED, why) for ``pipeline.micro_batching`` ``key``,
+    given what keeps the graph's step from stage functions (see :func:`make_plan`)."""
+    if key == "unrolled":
+        return (UNROLLED, "pipeline.micro_batching='unrolled'")
+    limits = split_reason(specs) or (function_limits() if function_limits else None)
+    if limits and key == "stage_functions":
+        raise ValueError("pipeline.micro_batching='stage_functions' cannot lower this "
+                         "pipeline: %s; use 'auto' or 'unrolled'" % limits)
+    return (UNROLLED, limits) if limits else (STAGE_FUNCTIONS, None)
 
 
 def split_reason(specs):

@@ -95,12 +95,11 @@ def _io_slicing(tmp_path):
 # scenario -> (builder, passes it must run besides the ones every graph runs)
 SCENARIOS = {
     "data_parallel_accumulation": (lambda tmp: _data_parallel({"pipeline.num_micro_batch": 2}),
-                                   ["replica_clone", "stage_function_bodies",
-                                    "stage_function_calls", "shared_step_dependencies",
+                                   ["repeat_step", "shared_step_dependencies",
                                     "input_order", "end_of_input"]),
-    "pipeline_stage_functions": (lambda tmp: _pipeline({}), ["schedule_lowering"]),
+    "pipeline_stage_functions": (lambda tmp: _pipeline({}), ["repeat_step", "schedule_lowering"]),
     "pipeline_unrolled": (lambda tmp: _pipeline({"pipeline.micro_batching": "unrolled"}),
-                          ["micro_batch_clone", "schedule_lowering"]),
+                          ["repeat_step", "schedule_lowering"]),
     "split": (lambda tmp: _split(), ["split_lowering", "batch_split", "sharded_checkpoints"]),
     "auto_stages": (lambda tmp: _auto_stages(), ["auto_stages"]),
     "offload_and_checkpointing": (lambda tmp: _savers(), ["unused_checkpoints", "offload"]),

@@ -11,7 +11,7 @@ from epl.protocols.passes import LAYERS, MODEL, Pass, PassOrderError, check_orde
 from epl.parallel.passes.classify import ClassifyRoles
 from epl.parallel.passes.gradients import GradientAggregation
 from epl.parallel.passes.placement import Placement
-from epl.parallel.passes.replicas import ReplicaClone
+from epl.parallel.repeat import RepeatStep
 from eplutil import dataset_input, initial_weights, make_data, mlp, staged_mlp, train_step
 
 
@@ -47,8 +47,8 @@ def test_classify_and_placement_alone_place_copy_zero():
     assert not program.collective_ops and program.sync_op is None
 
 
-def test_replica_clone_alone_builds_copy_one_on_its_device():
-    view, program = _parallelize((ClassifyRoles(), Placement(), ReplicaClone()))
+def test_repeat_step_alone_builds_copy_one_on_its_device():
+    view, program = _parallelize((ClassifyRoles(), Placement(), RepeatStep()))
     clone = tf.get_default_graph().get_operation_by_name("EPL_REPLICA_1/d1/kernel")
     assert _device(clone) == "device:CPU:1"
     info = view.info(clone)
@@ -57,7 +57,7 @@ def test_replica_clone_alone_builds_copy_one_on_its_device():
 
 
 def test_gradient_aggregation_records_a_plan_per_copy():
-    view, program = _parallelize((ClassifyRoles(), Placement(), ReplicaClone(),
+    view, program = _parallelize((ClassifyRoles(), Placement(), RepeatStep(),
                                   GradientAggregation()), config={"communication.max_splits": 2})
     assert len(program.gradient_plans) == 2
     plan = program.gradient_plans[1]

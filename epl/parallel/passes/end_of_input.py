@@ -51,8 +51,8 @@ class EndOfInput(Pass):
 
     name = "end_of_input"
     phase = LOWER
-    reads = ("view", "config", "cluster", "plan", "copies", "num_micro_batch", "roles", "instances",
-             "dropped", "per_run_writes")
+    reads = ("view", "config", "cluster", "plan", "copies", "repetition", "roles",
+             "per_run_writes")
     writes = ("graph", "communicators", "program.extras", "program.substitutes")
 
     def applies(self, ctx):

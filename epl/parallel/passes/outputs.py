@@ -29,8 +29,7 @@ class MergedOutputs(Pass):
 
     name = "merged_outputs"
     phase = LOWER
-    reads = ("view", "config", "cluster", "plan", "copies", "num_micro_batch", "instances",
-             "aliases", "dropped", "micro_batching")
+    reads = ("view", "config", "cluster", "plan", "copies", "repetition")
     writes = ("graph", "communicators", "program.merged", "program.merged_extras")
 
     def applies(self, ctx):

@@ -61,7 +61,7 @@ class Cloner(object):
     set, else the original or its replacement); the built op must have the
     source op's outputs.
 
-    ``gates`` (optional :class:`epl.parallel.gates.GradientGates` of the set) are
+    ``gates`` (optional :class:`epl.parallel.repeat.gates.GradientGates` of the set) are
     left out of the copies: a consumer of a forwarded Identity reads the copy of
     what it forwards and waits for the copies of the gate's members.
     """
@@ -207,11 +207,6 @@ def _cloned(tensor, result, replace):
     if copy is not None:
         return copy
     return replace.get(tensor, tensor)
-
-
-def clone_ops(tf_graph, ops, prefix, replace=None, device_of=None):
-    """Clone ``ops`` once under ``prefix`` (see :class:`Cloner`)."""
-    return Cloner(tf_graph, ops).clone(prefix, replace, device_of)
 
 
 def _tensor_ref(tensor):
