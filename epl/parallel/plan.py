@@ -231,28 +231,21 @@ def make_plan(config, cluster, specs, function_limits=None):
             plan.strategy, len(plan.stages), plan.num_micro_batch))
     if plan.pipeline or _local_replicas(plan):
         plan = plan._replace(micro_batching=choose_micro_batching(
-            config.pipeline.micro_batching, specs, function_limits))
+            config.pipeline.micro_batching, function_limits))
     _warn_about(plan)
     return plan
 
 
-def choose_micro_batching(key, specs, function_limits=None):
+def choose_micro_batching(key, function_limits=None):
     """(STAGE_FUNCTIONS, None) or (UNROLLED, why) for ``pipeline.micro_batching`` ``key``,
     given what keeps the graph's step from stage functions (see :func:`make_plan`)."""
     if key == "unrolled":
         return (UNROLLED, "pipeline.micro_batching='unrolled'")
-    limits = split_reason(specs) or (function_limits() if function_limits else None)
+    limits = function_limits() if function_limits else None
     if limits and key == "stage_functions":
         raise ValueError("pipeline.micro_batching='stage_functions' cannot lower this "
                          "pipeline: %s; use 'auto' or 'unrolled'" % limits)
     return (UNROLLED, limits) if limits else (STAGE_FUNCTIONS, None)
-
-
-def split_reason(specs):
-    """Why split TaskGraphs keep one copy of the step per micro-batch and replica
-    (None without them): their collectives are built per copy."""
-    split = [spec.name for spec in specs if spec.kind == _mesh.SPLIT]
-    return "epl.split builds collectives per copy (%s)" % ", ".join(split) if split else None
 
 
 def _local_replicas(plan):

@@ -114,16 +114,20 @@ class _CopyBuilder(object):
                 result.set_shape(key.shape)
 
     def _new_arrays(self, arrays, body, action, micro_batch):
-        """This micro-batch's TensorArrays of the saved tensors ``body`` writes, one per
-        dtype, on the stage's device (the backward calls read and clear them)."""
+        """This micro-batch's TensorArrays of the saved tensors of ``body``'s stage, one
+        per dtype, on the stage's device, made before the stage's first forward function
+        that writes one (the backward calls read and clear them)."""
         ctx, stage = self.ctx, action[0]
         prefix = REPLICA_PREFIX % self.copy + "/" if self.copy else ""
         for dtype in body.flows:
+            if (stage, dtype) in arrays:
+                continue  # an earlier forward function of the stage made it
             name = "EPL_SAVED_%d_%s" % (stage, dtype.name)
             with ctx.tf_graph.as_default(), tf.name_scope(None):
                 if (stage, dtype) not in self.array_sizes:  # one constant for all micro-batches
                     self.array_sizes[(stage, dtype)] = tf_adapter.constant_on(
-                        sum(1 for t, _ in body.writes if t.dtype.base_dtype == dtype),
+                        sum(1 for (s, _, _), b in self.rep.bodies.items() if s == stage
+                            for t, _ in b.writes if t.dtype.base_dtype == dtype),
                         prefix + name + "/size", ctx.device(stage, self.copy))
                 arrays[(stage, dtype)] = list(tf_functions.step_tensor_array(
                     dtype, self.array_sizes[(stage, dtype)],

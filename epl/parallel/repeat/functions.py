@@ -45,17 +45,14 @@ def function_limits(view):
 
     TF1 control flow (while loops, conds) in a stage runs in a function, but the
     tensors that its forward hands its backward may be dead (an untaken branch)
-    or loop state, which a function cannot return; collectives built per copy
-    must be rebuilt per micro-batch. Such graphs keep one copy of the stage per
-    micro-batch."""
+    or loop state, which a function cannot return. Such graphs keep one copy of
+    the stage per micro-batch."""
     for op in ancestor_ops(step_roots(view)):
         info = view.info(op)
         if info is None or info.phase not in _KINDS:
             continue
         if op.type in CONTROL_FLOW_TYPES:
             return "TF1 control flow in the training step (%s op %s)" % (op.type, op.name)
-        if op.name in view.specialized:
-            return "a collective built per copy in the training step (%s)" % op.name
     return None
 
 
@@ -83,13 +80,7 @@ class StageFunctions(Repetition):
         """Partition the step's ops into function cores and residual ops, and define
         each core's function (before any clone: the clones copy only what the functions
         do not hold)."""
-        built = [op.name for op in stage_ops if op.name in ctx.view.specialized]
-        if built:  # made by a model pass after the plan chose the lowering
-            raise NotImplementedError(
-                "pipeline.micro_batching: a model pass built per-copy collectives in the "
-                "training step (%s), which stage functions cannot call once per copy and "
-                "micro-batch; set pipeline.micro_batching='unrolled'" % ", ".join(built[:3]))
-        blocked = _downstream_of_gradients(ctx, stage_ops)
+        blocked = _downstream_of_gradients(ctx, stage_ops) | _built_per_copy(ctx, stage_ops)
         part = partition(stage_ops, lambda op: _action_of(ctx, op),
                          lambda op: _movable(ctx, op, blocked), _chunk_ends(ctx))
         self.partition = part
@@ -135,7 +126,7 @@ def _stage_ops(ctx):
     """(forward and backward ops of the step that micro-batches repeat, names of the
     constant expressions among the candidates: copied into each body that reads them)."""
     candidates = micro_batch_candidates(ctx)
-    constants = constant_expressions(candidates)
+    constants = constant_expressions(candidates, ctx.view.specialized)
     invariant = _invariant_reads(candidates)
     ops = [op for op in candidates if op.name not in constants and op.name not in invariant]
     return ops, constants
@@ -194,15 +185,32 @@ def _chunk_ends(ctx):
 def _movable(ctx, op, blocked):
     """May ``op`` live in a function? Not: input pulls (ordered across copies), ops on
     ref tensors (a function cannot take them) or updating variables (ordered
-    across micro-batches), ops the user pinned to the host, and ops downstream of
-    the gradients (gradient aggregation rewires those)."""
+    across micro-batches), ops the user pinned to the host, ops built per copy and
+    what they read (``_built_per_copy``), and ops downstream of the gradients
+    (gradient aggregation rewires those)."""
     if op.type in GET_NEXT_TYPES or op.type in PLACEHOLDER_TYPES or op.name in blocked:
         return False
-    if op.name in ctx.roles.pinned or op.name in ctx.view.specialized:
+    if op.name in ctx.roles.pinned:
         return False
     if any(tf_adapter.is_ref_dtype(t.dtype) for t in list(op.inputs) + list(op.outputs)):
         return False
     return not tf_adapter.writes_variable(op)
+
+
+def _built_per_copy(ctx, ops):
+    """Names of the step's ops that a model pass builds per copy and micro-batch
+    (``view.specialized``: the collectives of split layers, whose group, rank and
+    instance depend on the repetition) and of the producers of what they read: the
+    clones of a repetition build their own from the clones' tensors, so what they
+    read must be an op of each repetition too, never a call's result that does not
+    exist yet when they are built."""
+    names = set()
+    for op in ops:
+        spec = ctx.view.specialized.get(op.name)
+        if spec is not None:
+            names.add(op.name)
+            names.update(t.op.name for t in spec.inputs)
+    return names
 
 
 def _downstream_of_gradients(ctx, ops):
@@ -320,8 +328,9 @@ def _constant_inputs(ops, constants):
 
 def _function_name(ctx, action, suffix=""):
     taken = tf_adapter.function_names(ctx.tf_graph)
-    base = "EPL_stage%d_%s%s" % (action[0], "forward" if action[1] == FORWARD
-                                 else "backward%d" % action[2], suffix)
+    kind = "forward" if action[1] == FORWARD else "backward"
+    chunk = "%d" % action[2] if action[1] == BACKWARD or action[2] else ""
+    base = "EPL_stage%d_%s%s%s" % (action[0], kind, chunk, suffix)
     name, index = base, 1
     while name in taken:
         name, index = "%s_%d" % (base, index), index + 1

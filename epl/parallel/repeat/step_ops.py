@@ -18,9 +18,11 @@ def micro_batch_candidates(ctx):
             and op.name in ctx.roles.step]
 
 
-def constant_expressions(ops):
+def constant_expressions(ops, per_copy=()):
     """Names of the ops in ``ops`` whose value is the same in every micro-batch:
-    constants and stateless ops computed from constants only (no control inputs).
+    constants and stateless ops computed from constants only (no control inputs),
+    except the ops named in ``per_copy`` (built per copy and micro-batch: a split
+    layer's position) and what is computed from them.
 
     They are a quarter of a typical model's ops (shapes, permutations and their
     inverses, broadcast arguments in the backward pass); sharing them keeps them
@@ -29,13 +31,14 @@ def constant_expressions(ops):
     """
     names = set(op.name for op in ops)
     shared = set()
-    pending = [op for op in ops if _may_be_constant(op)]
+    pending = [op for op in ops if _may_be_constant(op) and op.name not in per_copy]
     while pending:  # a fixed point: each round adds the ops whose inputs are now known
         later = []
         for op in pending:
             if all(t.op.name in shared for t in op.inputs):
                 shared.add(op.name)
-            elif all(t.op.name in names and _may_be_constant(t.op) for t in op.inputs):
+            elif all(t.op.name in names and _may_be_constant(t.op)
+                     and t.op.name not in per_copy for t in op.inputs):
                 later.append(op)
         if len(later) == len(pending):
             break

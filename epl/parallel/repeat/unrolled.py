@@ -32,7 +32,7 @@ class UnrolledCopies(Repetition):
 
     def build(self, ctx):
         candidates = micro_batch_candidates(ctx) if self.micro_batches > 1 else []
-        self.shared = constant_expressions(candidates)
+        self.shared = constant_expressions(candidates, ctx.view.specialized)
         sources = [op for op in candidates if op.name not in self.shared]
         clone_micro_batches(ctx, self, sources)
         clone_copies(ctx, self)
