@@ -27,7 +27,7 @@ TaskGraphSpec = collections.namedtuple("TaskGraphSpec", ["name", "kind", "device
 
 # How the step is repeated per micro-batch and per local replica (``Plan.micro_batching``):
 # each stage's forward and backward built once as functions and called per micro-batch
-# and replica, or (the fallback for graphs functions cannot hold) a copy of every op.
+# and replica, or (when the user asks, pipeline.micro_batching) a copy of every op.
 STAGE_FUNCTIONS = "stage functions"
 UNROLLED = "unrolled copies"
 
@@ -199,13 +199,8 @@ def describe_micro_batching(choice):
     return "unrolled copies (one copy of the stage graph each: %s)" % reason
 
 
-def make_plan(config, cluster, specs, function_limits=None):
-    """Compute the plan; raise PlanError when the layout is impossible.
-
-    ``function_limits`` (optional) says what in the graph keeps its step from stage
-    functions (:func:`epl.parallel.repeat.function_limits`; a function of no
-    arguments, asked only when the plan repeats a step and lets the graph decide); the
-    plan then repeats the step as unrolled copies and its print says why."""
+def make_plan(config, cluster, specs):
+    """Compute the plan; raise PlanError when the layout is impossible."""
     specs = list(specs)
     if not specs:
         raise PlanError("the graph has no TaskGraphs; build the model after epl.init()")
@@ -231,21 +226,20 @@ def make_plan(config, cluster, specs, function_limits=None):
             plan.strategy, len(plan.stages), plan.num_micro_batch))
     if plan.pipeline or _local_replicas(plan):
         plan = plan._replace(micro_batching=choose_micro_batching(
-            config.pipeline.micro_batching, function_limits))
+            config.pipeline.micro_batching))
     _warn_about(plan)
     return plan
 
 
-def choose_micro_batching(key, function_limits=None):
-    """(STAGE_FUNCTIONS, None) or (UNROLLED, why) for ``pipeline.micro_batching`` ``key``,
-    given what keeps the graph's step from stage functions (see :func:`make_plan`)."""
+def choose_micro_batching(key):
+    """How the plan repeats the step per micro-batch and local replica, for
+    ``pipeline.micro_batching`` ``key``: (STAGE_FUNCTIONS, None), or (UNROLLED, why)
+    when the user asks for copies. Stage functions hold every graph: what a function
+    cannot hold (TF1 control flow, collectives built per copy, input pulls, ref
+    variables) stays ops of each repetition (epl.parallel.repeat.functions)."""
     if key == "unrolled":
         return (UNROLLED, "pipeline.micro_batching='unrolled'")
-    limits = function_limits() if function_limits else None
-    if limits and key == "stage_functions":
-        raise ValueError("pipeline.micro_batching='stage_functions' cannot lower this "
-                         "pipeline: %s; use 'auto' or 'unrolled'" % limits)
-    return (UNROLLED, limits) if limits else (STAGE_FUNCTIONS, None)
+    return (STAGE_FUNCTIONS, None)
 
 
 def _local_replicas(plan):

@@ -37,7 +37,7 @@ from epl.parallel.passes.placement import Placement
 from epl.parallel.passes.steps import SharedStepDependencies
 from epl.parallel.passes.sync import VariableSync
 from epl.parallel.plan import make_plan, specs_from_graph
-from epl.parallel.repeat import RepeatStep, function_limits
+from epl.parallel.repeat import RepeatStep
 from epl.ir.taskgraph import SPLIT
 
 LOG = logging.getLogger("epl")
@@ -92,7 +92,7 @@ def plan_for(view, config, cluster):
     """The plan of a graph view (gives unannotated graphs their implicit TaskGraph)."""
     view.ensure_taskgraph()
     partition_stages(view, config, cluster)
-    return make_plan(config, cluster, specs_from_graph(view), lambda: function_limits(view))
+    return make_plan(config, cluster, specs_from_graph(view))
 
 
 def parallelize(view, config, cluster, plan=None, passes=PASSES):

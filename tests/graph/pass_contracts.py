@@ -12,7 +12,7 @@ import collections
 
 from epl.parallel import rewriter
 from epl.parallel.context import FIELD_OF, Communicators, RewriteContext
-from epl.parallel.program import ParallelProgram
+from epl.parallel.program import FetchMap, ParallelProgram
 from epl.parallel.repeat.record import Instance, Repetition
 
 Observed = collections.namedtuple("Observed", ["name", "reads", "writes"])
@@ -57,7 +57,7 @@ class _RecordingContext(RewriteContext):
 
 
 def _fingerprint(value, depth=3):
-    if isinstance(value, (Communicators, Repetition, Instance)):
+    if isinstance(value, (Communicators, Repetition, Instance, FetchMap)):
         value = _state(value)  # the unit's records: what is in them, not their identity
     if isinstance(value, dict):
         if depth == 0:

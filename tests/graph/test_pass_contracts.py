@@ -175,7 +175,7 @@ def test_the_checker_catches_an_undeclared_write():
 
         def run(self, ctx):
             ctx.split_inputs.add("x")
-            ctx.program.merged["loss"] = ctx.roles
+            ctx.program.fetches.merged["loss"] = ctx.roles
 
     _data_parallel({})
     env = epl.Env.get()
@@ -183,7 +183,7 @@ def test_the_checker_catches_an_undeclared_write():
     (classify, sneaky) = record(epl.Graph.get(), env.config, env.cluster, passes)
     assert classify.writes == {"roles"}
     assert sneaky.reads >= {"split_inputs", "roles"}
-    assert sneaky.writes == {"split_inputs", "program.merged"}
+    assert sneaky.writes == {"split_inputs", "program.fetches"}
 
 
 def test_the_design_doc_table_is_current():

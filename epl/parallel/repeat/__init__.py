@@ -8,9 +8,9 @@ This unit owns that repetition. Two lowerings implement it:
   functions and called per repetition; the graph does not grow with the repetitions;
 * unrolled copies (:mod:`.unrolled`): a clone of the step's ops per repetition.
 
-The plan chooses one (``Plan.micro_batching``, from ``pipeline.micro_batching`` and
-what the graph holds; its print says which and why); :func:`for_plan` here is the only
-place that turns that choice into a lowering. The rewrite context holds the result as
+The plan chooses one (``Plan.micro_batching``, from ``pipeline.micro_batching``; its
+print says which and why); :func:`for_plan` here is the only place that turns that
+choice into a lowering. The rewrite context holds the result as
 ``ctx.repetition`` (a :class:`.record.Repetition`), and every pass asks it instead of
 testing which lowering runs:
 
@@ -23,7 +23,7 @@ testing which lowering runs:
 :class:`RepeatStep` is the rewrite pass that builds it (phase ``replicate``).
 """
 from epl.parallel.passes import REPLICATE, Pass
-from epl.parallel.repeat.functions import StageFunctions, function_limits  # noqa: F401
+from epl.parallel.repeat.functions import StageFunctions
 from epl.parallel.repeat.unrolled import UnrolledCopies
 
 
@@ -49,8 +49,7 @@ class RepeatStep(Pass):
     phase = REPLICATE
     reads = ("view", "config", "cluster", "plan", "copies", "roles", "communicators",
              "repetition")
-    writes = ("graph", "repetition", "program.extras", "program.substitutes",
-              "program.replaced_ops")
+    writes = ("graph", "repetition", "program.fetches")
 
     def applies(self, ctx):
         return ctx.repetition.copies > 1 or ctx.repetition.micro_batches > 1

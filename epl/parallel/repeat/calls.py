@@ -188,14 +188,14 @@ class _CopyBuilder(object):
 def _record_program(ctx, rep):
     """Fetching a user tensor that a call replaces returns micro-batch 0's result;
     fetching one of its ops runs the other copies' calls of that action."""
-    program = ctx.program
+    fetches = ctx.program.fetches
     first = rep.at(0, 0)
     for body in rep.bodies.values():
         for tensor in body.outputs:
-            program.substitutes[tensor.name] = first.tensors[tensor.name]
+            fetches.substitutes[tensor.name] = first.tensors[tensor.name]
     for action, ops in rep.partition.cores.items():
         others = [rep.at(copy, 0).calls[action] for copy in range(1, rep.copies)]
         for op in ops:
-            program.replaced_ops.add(op.name)
+            fetches.replaced_ops.add(op.name)
             if others:
-                program.extras[op.name] = list(others)
+                fetches.extras[op.name] = list(others)

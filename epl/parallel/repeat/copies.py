@@ -87,7 +87,7 @@ def clone_copies(ctx, rep):
             ctx.view.record_clone(new_op, ctx.view.info(source), copy, micro_batch,
                                   user_op.name)
             if micro_batch == 0:
-                ctx.program.add_extras(user_op.name, [new_op])
+                ctx.program.fetches.add_extras(user_op.name, [new_op])
 
 
 def _copy_sources(ctx, rep):
@@ -128,7 +128,7 @@ def _gate_extras(ctx, source, result, gates):
     else:
         extras = [result.ops.get(c.name, c) for member in source.control_inputs
                   for c in gates.resolve_control(member)]
-    ctx.program.add_extras(source.name, extras)
+    ctx.program.fetches.add_extras(source.name, extras)
 
 
 def _cloned_or_shared(result, tensor):

@@ -13,7 +13,7 @@ What the calls replace:
   * the user's forward and backward ops of every copy stay in the graph but no
     longer run: whatever read them (the optimizer's updates, metrics, summaries,
     EPL's own ops) reads the results of micro-batch 0's calls instead, and a
-    fetch of a user tensor returns micro-batch 0's result (``program.substitutes``);
+    fetch of a user tensor returns micro-batch 0's result (``program.fetches``);
   * a dense gradient is summed over micro-batches inside the backward function
     (each call takes the running sum and returns it plus its micro-batch's
     gradient), so the sum costs no op per micro-batch; micro-batch 0 calls a
@@ -25,11 +25,11 @@ import logging
 
 from epl import tf_adapter, tf_functions
 from epl.ir.phase import Phase
-from epl.ir.roles import GET_NEXT_TYPES, PLACEHOLDER_TYPES, step_roots
-from epl.ir.traverse import CONTROL_FLOW_TYPES, ancestor_ops
+from epl.ir.roles import GET_NEXT_TYPES, PLACEHOLDER_TYPES
 from epl.parallel.repeat.calls import build_calls, sum_key
 from epl.parallel.repeat.copies import clone_copies, clone_micro_batches, order_shared_writes
 from epl.parallel.repeat.function_body import FunctionBody, first_call_variant
+from epl.parallel.repeat.control_flow import control_flow
 from epl.parallel.repeat.record import Repetition
 from epl.parallel.repeat.stage_partition import BACKWARD, FORWARD, partition
 from epl.parallel.repeat.step_ops import (
@@ -38,22 +38,6 @@ from epl.tf_adapter import tf
 
 LOG = logging.getLogger("epl")
 _KINDS = {Phase.FORWARD: FORWARD, Phase.BACKWARD: BACKWARD}
-
-
-def function_limits(view):
-    """What in this graph keeps its step from stage functions (None if nothing does).
-
-    TF1 control flow (while loops, conds) in a stage runs in a function, but the
-    tensors that its forward hands its backward may be dead (an untaken branch)
-    or loop state, which a function cannot return. Such graphs keep one copy of
-    the stage per micro-batch."""
-    for op in ancestor_ops(step_roots(view)):
-        info = view.info(op)
-        if info is None or info.phase not in _KINDS:
-            continue
-        if op.type in CONTROL_FLOW_TYPES:
-            return "TF1 control flow in the training step (%s op %s)" % (op.type, op.name)
-    return None
 
 
 class StageFunctions(Repetition):
@@ -80,7 +64,8 @@ class StageFunctions(Repetition):
         """Partition the step's ops into function cores and residual ops, and define
         each core's function (before any clone: the clones copy only what the functions
         do not hold)."""
-        blocked = _downstream_of_gradients(ctx, stage_ops) | _built_per_copy(ctx, stage_ops)
+        blocked = (_downstream_of_gradients(ctx, stage_ops) | _built_per_copy(ctx, stage_ops)
+                   | control_flow(stage_ops))
         part = partition(stage_ops, lambda op: _action_of(ctx, op),
                          lambda op: _movable(ctx, op, blocked), _chunk_ends(ctx))
         self.partition = part
@@ -185,8 +170,11 @@ def _chunk_ends(ctx):
 def _movable(ctx, op, blocked):
     """May ``op`` live in a function? Not: input pulls (ordered across copies), ops on
     ref tensors (a function cannot take them) or updating variables (ordered
-    across micro-batches), ops the user pinned to the host, ops built per copy and
-    what they read (``_built_per_copy``), and ops downstream of the gradients
+    across micro-batches), ops that make a resource (TF drops the resources a call
+    made when it returns; made outside, they live in the step's container), ops the
+    user pinned to the host, ops built per copy and
+    what they read (``_built_per_copy``), TF1 control flow (see
+    :mod:`epl.parallel.repeat.control_flow`), and ops downstream of the gradients
     (gradient aggregation rewires those)."""
     if op.type in GET_NEXT_TYPES or op.type in PLACEHOLDER_TYPES or op.name in blocked:
         return False
@@ -194,6 +182,8 @@ def _movable(ctx, op, blocked):
         return False
     if any(tf_adapter.is_ref_dtype(t.dtype) for t in list(op.inputs) + list(op.outputs)):
         return False
+    if op.op_def.is_stateful and any(t.dtype == tf.resource for t in op.outputs):
+        return False  # it makes a resource (a TensorArray, a stack): a call drops its own
     return not tf_adapter.writes_variable(op)
 
 
