@@ -70,6 +70,20 @@ def unfinalized(graph):
             graph._finalized = True  # pylint: disable=protected-access
 
 
+def drop_outside_colocation(node, names):
+    """Keep only the colocation constraints (``_class``) of NodeDef ``node`` that name an
+    op in ``names``: a copy of a set of ops cannot be colocated with ops outside it."""
+    if "_class" not in node.attr:
+        return
+    kept = [loc for loc in node.attr["_class"].list.s
+            if loc.decode()[len("loc:@"):] in names]
+    if kept:
+        del node.attr["_class"].list.s[:]
+        node.attr["_class"].list.s.extend(kept)
+    else:
+        del node.attr["_class"]
+
+
 def colocation_root(op):
     """Name of the op that ``op`` is explicitly colocated with, or None."""
     try:

@@ -44,6 +44,17 @@ def ancestor_ops(roots, stop=None):
     return found
 
 
+def successor_map(ops):
+    """{op: [ops among ``ops`` that read it or wait for it]} (data and control edges)."""
+    members = set(ops)
+    found = dict((op, []) for op in ops)
+    for op in ops:
+        for producer in [t.op for t in op.inputs] + list(op.control_inputs):
+            if producer in members:
+                found[producer].append(op)
+    return found
+
+
 def descendants(starts, stop=None, include_stop=True):
     """Names of ``starts`` and every op they reach forwards (data and control edges:
     an op without inputs inside a loop body or a cond branch, a constant say, hangs

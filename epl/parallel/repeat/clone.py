@@ -90,7 +90,7 @@ class Cloner(object):
     def _add_node(self, op):
         node = self._template.node.add()
         node.CopyFrom(op.node_def)
-        _drop_outside_colocation(node, self.names)
+        tf_adapter.drop_outside_colocation(node, self.names)
         del node.input[:]
         controls = list(op.control_inputs)
         for tensor in op.inputs:
@@ -211,17 +211,6 @@ def _cloned(tensor, result, replace):
 
 def _tensor_ref(tensor):
     return "%s:%d" % (tensor.op.name, tensor.value_index)
-
-
-def _drop_outside_colocation(node, names):
-    if "_class" in node.attr:
-        kept = [loc for loc in node.attr["_class"].list.s
-                if loc.decode()[len("loc:@"):] in names]
-        if kept:
-            del node.attr["_class"].list.s[:]
-            node.attr["_class"].list.s.extend(kept)
-        else:
-            del node.attr["_class"]
 
 
 def _add_functions(tf_graph, graph_def):

@@ -17,7 +17,7 @@ as deep as what enters its frame; any other op is as deep as its deepest input o
 control input. Found from the ops' types and edges (clones carry no Python
 control-flow context).
 """
-import collections
+from epl.ir.traverse import successor_map
 
 _ENTER, _EXIT = ("Enter", "RefEnter"), ("Exit", "RefExit")
 _SWITCH, _MERGE = ("Switch", "RefSwitch"), ("Merge", "RefMerge")
@@ -30,7 +30,7 @@ def control_flow(ops):
     dead. Empty, at no cost, for graphs without TF1 control flow."""
     if not any(op.type in _ENTER or op.type in _SWITCH for op in ops):
         return set()
-    successors = _successors(ops)
+    successors = successor_map(ops)
     frames, exits = _frames(ops, successors)
     depth = _depths(ops, frames, exits)
     kept = set(op for frame in frames.values() for op in frame)
@@ -40,16 +40,6 @@ def control_flow(ops):
                 or op.type in _SWITCH:
             kept.add(op)
     return set(op.name for op in kept)
-
-
-def _successors(ops):
-    members = set(ops)
-    found = collections.defaultdict(list)
-    for op in ops:
-        for producer in [t.op for t in op.inputs] + list(op.control_inputs):
-            if producer in members:
-                found[producer].append(op)
-    return found
 
 
 def _frames(ops, successors):

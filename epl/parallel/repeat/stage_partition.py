@@ -22,6 +22,8 @@ back, so the calls form no cycle; the actions come out in a topological order.
 """
 import collections
 
+from epl.ir.traverse import successor_map
+
 FORWARD, BACKWARD = "F", "B"
 
 
@@ -61,7 +63,7 @@ def partition(ops, action_of, movable, chunk_ends=None):
     all-reduce) as they go. Creation order is topological, so chunks never form a
     cycle.
     """
-    successors = _successors(ops)
+    successors = successor_map(ops)
     owner = dict((op, action_of(op) if movable(op) else None) for op in ops)
     actions = collections.OrderedDict()
     for op in ops:
@@ -96,17 +98,6 @@ def _segments(members, successors):
         segments.append([op for op in remaining if op not in late])
         remaining = [op for op in remaining if op in late]
     return segments
-
-
-def _successors(ops):
-    """{op: [ops among ``ops`` that read it or wait for it]}."""
-    members = set(ops)
-    found = dict((op, []) for op in ops)
-    for op in ops:
-        for producer in [t.op for t in op.inputs] + list(op.control_inputs):
-            if producer in members:
-                found[producer].append(op)
-    return found
 
 
 def _reachable(starts, successors):
