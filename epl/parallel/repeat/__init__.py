@@ -22,7 +22,7 @@ testing which lowering runs:
 
 :class:`RepeatStep` is the rewrite pass that builds it (phase ``replicate``).
 """
-from epl.parallel.passes import REPLICATE, Pass
+from epl.protocols.passes import REPLICATE, Pass
 from epl.parallel.repeat.functions import StageFunctions
 from epl.parallel.repeat.unrolled import UnrolledCopies
 
