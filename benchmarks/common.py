@@ -29,7 +29,9 @@ import tempfile
 import threading
 import time
 
-from results_files import (  # noqa: F401 (the benchmarks reach them through common)
+# results_files sits next to this module, which tests also load by path
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_files import (  # noqa: E402,F401 (the benchmarks reach them through common)
     HERE, REPO, environment_info, format_command, git_changes, git_revision, load_average,
     markdown_table, portable_command, portable_path, publish, read_results, write_results)
 

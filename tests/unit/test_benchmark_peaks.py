@@ -4,11 +4,9 @@ records per device, frees first at equal times. (memory.py uses the profiler's
 rule, epl.profiler.run_metadata.bytes_in_use_timeline, as for its step peaks.)"""
 import importlib.util
 import os
-import sys
 from types import SimpleNamespace as NS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # common's own imports (results_files)
 _SPEC = importlib.util.spec_from_file_location(
     "bench_common", os.path.join(ROOT, "benchmarks", "common.py"))
 common = importlib.util.module_from_spec(_SPEC)
