@@ -90,11 +90,12 @@ FIELDS = (
            "PreferForward is GPipe-like."),
     _F("pipeline", "micro_batching", Kind.STR, "auto",
        choices=("auto", "stage_functions", "unrolled"), extension=True,
-       doc="EPL extension: how a pipeline repeats its stages per micro-batch. "
-           "\"stage_functions\" builds each stage's forward and backward once and calls them "
-           "per micro-batch (graph size and start-up independent of num_micro_batch); "
-           "\"unrolled\" copies the stage graph per micro-batch; \"auto\" uses stage "
-           "functions unless a stage holds TF1 control flow."),
+       doc="EPL extension: how the step is repeated per micro-batch of a pipeline and per "
+           "local replica. \"stage_functions\" builds each stage's forward and backward once "
+           "and calls them per repetition (graph size and start-up independent of "
+           "num_micro_batch; what a function cannot hold, such as TF1 control flow and "
+           "split layers' collectives, stays ops of each repetition); \"unrolled\" copies "
+           "the stage graph per repetition; \"auto\" is \"stage_functions\"."),
     _F("gradient_checkpoint", "type", Kind.STR, "", choices=("", "collection", "auto"),
        doc='Gradient checkpointing: "" is off, "collection" uses the tensors in the tf '
            'collection "checkpoints", "auto" selects them automatically.'),

@@ -1,6 +1,6 @@
 """What :mod:`epl.tf_adapter` needs that is particular to TensorFlow 1.15.
 
-Imported only by ``epl/tf_adapter.py``, once, when the installed TensorFlow is 1.x;
+Imported only by ``epl/tf_adapter_version.py``, once, when the installed TensorFlow is 1.x;
 ``epl/tf_adapter_tf2.py`` holds the same names for TensorFlow 2.x.
 """
 

@@ -1,7 +1,7 @@
 """What :mod:`epl.tf_adapter` needs that is particular to TensorFlow 2.x (run through
 ``tf.compat.v1`` in graph mode, docs/tf2.md).
 
-Imported only by ``epl/tf_adapter.py``, once, when the installed TensorFlow is 2.x;
+Imported only by ``epl/tf_adapter_version.py``, once, when the installed TensorFlow is 2.x;
 ``epl/tf_adapter_tf1.py`` holds the same names for TensorFlow 1.15.
 """
 

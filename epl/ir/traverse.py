@@ -1,4 +1,5 @@
 """Graph traversal: the one walk over data and control edges every pass uses."""
+from epl import tf_adapter
 
 _LOOP_ENTRY, _LOOP_EXIT = ("Enter", "RefEnter"), ("Exit", "RefExit")
 _MERGE, _SWITCH = ("Merge", "RefMerge"), ("Switch", "RefSwitch")
@@ -43,8 +44,21 @@ def ancestor_ops(roots, stop=None):
     return found
 
 
+def successor_map(ops):
+    """{op: [ops among ``ops`` that read it or wait for it]} (data and control edges)."""
+    members = set(ops)
+    found = dict((op, []) for op in ops)
+    for op in ops:
+        for producer in [t.op for t in op.inputs] + list(op.control_inputs):
+            if producer in members:
+                found[producer].append(op)
+    return found
+
+
 def descendants(starts, stop=None, include_stop=True):
-    """Names of ``starts`` and every op their outputs reach (data edges only).
+    """Names of ``starts`` and every op they reach forwards (data and control edges:
+    an op without inputs inside a loop body or a cond branch, a constant say, hangs
+    on the loop's or branch's pivot by a control edge).
 
     The walk does not continue past ops for which ``stop(op)`` is True; those
     are included only when ``include_stop``.
@@ -61,6 +75,7 @@ def descendants(starts, stop=None, include_stop=True):
             continue
         seen.add(op.name)
         stack.extend(c for t in op.outputs for c in t.consumers())
+        stack.extend(tf_adapter.control_outputs(op))
     return seen
 
 

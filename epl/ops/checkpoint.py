@@ -135,7 +135,7 @@ class ShardedCheckpoints(Pass):
 
     name = "sharded_checkpoints"
     phase = LOWER
-    reads = ("view", "cluster", "plan", "copies", "instances", "dropped")
+    reads = ("view", "cluster", "plan", "copies", "repetition")
     writes = ("graph",)
 
     def applies(self, ctx):

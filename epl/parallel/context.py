@@ -10,6 +10,7 @@ import collections
 from epl import tf_adapter
 from epl.communicators import Communicator, KeyRegistry
 from epl.ops import state as split_state
+from epl.parallel import repeat
 from epl.parallel.program import ParallelProgram
 from epl.protocols.passes import GRADIENTS, INPUT, LAYERS, OUTPUTS, SYNC  # noqa: F401
 from epl.runtime import optimizers
@@ -27,14 +28,9 @@ FIELDS = collections.OrderedDict([
     ("plan", "the plan: devices, groups, schedule, micro-batching"),
     ("worker", "this worker's index"),
     ("copies", "this worker's Copy records"),
-    ("num_micro_batch", "micro-batches the plan unrolls or calls"),
     ("roles", "cloned, shared, variables, step, init-only and pinned ops"),
-    ("instances", "{(copy, micro_batch): {user op name: its op}}"),
-    ("aliases", "{(copy, micro_batch): {forwarding op name: the tensor it forwards}}"),
-    ("gates", "{(copy, micro_batch): {forwarding op name: ops to wait for}}"),
-    ("dropped", "{(copy, micro_batch): names of user ops the copy has no op for}"),
-    ("shared_constants", "constant expressions every micro-batch shares"),
-    ("micro_batching", "the stage functions' record (partition, bodies, calls, sums)"),
+    ("repetition", "the step repeated per (copy, micro-batch): what stands for a user op or "
+                   "tensor in each, gradient sums, schedule boundaries (epl.parallel.repeat)"),
     ("communicators", "the collective groups built so far and their keys"),
     ("epl_variables", "EPL's own state, initialized by the sync op"),
     ("state_initializers", "initializers of more EPL state, run by the sync op (ZeRO's slots "
@@ -45,8 +41,7 @@ FIELDS = collections.OrderedDict([
     ("per_run_writes", "EPL writes every run makes whatever its input"),
 ] + [("program." + name, doc) for name, doc in ParallelProgram.FIELDS.items()])
 # Attributes that belong to a field under another name (a cache, a private table).
-FIELD_OF = {"tf_graph": "graph", "_sharded": "view", "keys": "communicators",
-            "_communicators": "communicators", "program.groups": "communicators",
+FIELD_OF = {"tf_graph": "graph", "_sharded": "view", "program.groups": "communicators",
             "program.plan": "plan", "program.worker": "worker", "program.num_copies": "copies"}
 
 
@@ -72,16 +67,36 @@ def sharded_variable_names(view):
     return names
 
 
+class Communicators(object):
+    """The communicators of one rewrite, one per (purpose, plan group), and the
+    registry of their collective keys (collisions inside a program raise)."""
+
+    def __init__(self, program, backend_context):
+        self.keys = KeyRegistry()
+        self._program = program
+        self._backend_context = backend_context
+        self.by_name = {}
+
+    def get(self, group, purpose):
+        name = "%s/%s" % (purpose, group.name)
+        if name not in self.by_name:
+            self.by_name[name] = Communicator(name, group.devices, self.keys,
+                                              context=self._backend_context)
+            self._program.groups.append((name, tuple(group.devices)))
+        return self.by_name[name]
+
+    def all(self):
+        return list(self.by_name.values())
+
+
 class RewriteContext(object):
     """What every pass reads and extends.
 
     ``copies`` are this worker's :class:`epl.parallel.mesh.Copy` records: copy 0
-    is the user's graph, the others are clones. ``instances[(copy, micro_batch)]``
-    maps a user op name to its clone (shared ops map to themselves); a forwarding
-    Identity that a copy does without maps to the producer of what it forwards,
-    and ``aliases[(copy, micro_batch)]`` maps its name to that tensor, ``gates``
-    to the ops a consumer of that tensor must wait for.
-    ``records`` holds the build-time gradient and apply calls of the IR.
+    is the user's graph, the others are clones. ``repetition`` is the step repeated
+    per (copy, micro-batch) (:mod:`epl.parallel.repeat`): it says what stands for a
+    user op or tensor in each repetition (``instance``, ``tensor_instance`` ask it).
+    The build-time gradient and apply calls are the IR's (``view``).
     """
 
     def __init__(self, view, config, cluster, plan):
@@ -92,17 +107,8 @@ class RewriteContext(object):
         self.plan = plan
         self.worker = cluster.worker_index
         self.copies = plan.copies_of(self.worker)
-        self.num_micro_batch = plan.num_micro_batch if plan.pipeline else 1
-        self.instances = {}
-        self.aliases = {}
-        self.gates = {}
-        self.dropped = {}  # (copy, micro_batch) -> names of user ops the copy has no op for
-        self.shared_constants = set()  # constant expressions all micro-batches share
-        # The micro-batch lowering's record when it answers for tensors itself (stage
-        # functions: results of calls); None for unrolled copies (the tables above).
-        self.micro_batching = None
+        self.repetition = repeat.for_plan(plan, self.copies)
         self.roles = None
-        self.keys = KeyRegistry()
         self.epl_variables = []    # EPL's own state (accumulators), initialized by the sync op
         self.state_initializers = []  # more of it, as initializer ops (ZeRO's owned slots)
         self.zero = None           # ZeRO's per-copy owners (epl.runtime.zero_partition)
@@ -113,7 +119,12 @@ class RewriteContext(object):
         self.per_run_writes = []
         self._sharded = None
         self.program = ParallelProgram(plan, self.worker, len(self.copies))
-        self._communicators = {}
+        self.communicators = Communicators(self.program, self._backend_context())
+
+    @property
+    def num_micro_batch(self):
+        """Micro-batches each copy runs per step (1 unless a pipeline runs)."""
+        return self.repetition.micro_batches
 
     # ---- devices -----------------------------------------------------------------
     def device(self, taskgraph, copy):
@@ -165,58 +176,14 @@ class RewriteContext(object):
             groups.setdefault(copy.replica, []).append(index)
         return [(members[0], members) for _, members in sorted(groups.items())]
 
-    # ---- instances -----------------------------------------------------------------
+    # ---- instances (asked of the repetition) ---------------------------------------
     def instance(self, op, copy, micro_batch=0):
         """The op standing for user op ``op`` in (copy, micro_batch)."""
-        if copy == 0 and micro_batch == 0:
-            return op
-        if op.name in self.dropped.get((copy, micro_batch), ()):
-            raise RuntimeError("EPL internal error: copy %d, micro-batch %d has no op for "
-                               "gradient gate %s" % (copy, micro_batch, op.name))
-        return self.instances.get((copy, micro_batch), {}).get(op.name, op)
+        return self.repetition.op(op, copy, micro_batch)
 
     def tensor_instance(self, tensor, copy, micro_batch=0):
-        unit = self.micro_batching
-        if unit is not None:
-            found = unit.tensor(tensor, copy, micro_batch)
-            if found is not None:
-                return found
-        alias = self.aliases.get((copy, micro_batch), {}).get(tensor.op.name)
-        if alias is not None:
-            result = alias
-        else:
-            result = self.instance(tensor.op, copy, micro_batch).outputs[tensor.value_index]
-        if unit is not None and result is not tensor:
-            # a gate the copy does without forwards a tensor that a call computes now
-            found = unit.tensor(result, copy, micro_batch)
-            return result if found is None else found
-        return result
-
-    def record_gates(self, key, aliases, gates, dropped):
-        """Record what instance ``key`` has instead of the gradient gates it does
-        without: {name: forwarded tensor}, {name: ops to wait for}, dropped names."""
-        self.aliases[key] = dict(aliases)
-        self.gates[key] = dict(gates)
-        self.dropped[key] = set(dropped)
-        table = self.instances.setdefault(key, {})
-        for name, tensor in aliases.items():
-            table[name] = tensor.op
-
-    def skipped_ops(self, copy, micro_batch):
-        """Names of user ops that (copy, micro_batch) has no op of its own for."""
-        key = (copy, micro_batch)
-        return set(self.aliases.get(key, ())) | self.dropped.get(key, set())
-
-    def gate_instances(self, tensor, copy, micro_batch=0):
-        """The ops a consumer of ``tensor_instance(tensor, ...)`` must wait for: the
-        gradient gates of a forwarding Identity the copy does without, else none."""
-        unit = self.micro_batching
-        if unit is not None and unit.tensor(tensor, copy, micro_batch) is not None:
-            return []  # a call's result: the call has finished every op of its body
-        members = self.gates.get((copy, micro_batch), {}).get(tensor.op.name, [])
-        if unit is not None:  # user ops that calls replace no longer run: skip them
-            members = [op for op in members if op.name not in unit.replaced]
-        return members
+        """The tensor standing for user tensor ``tensor`` in (copy, micro_batch)."""
+        return self.repetition.tensor(tensor, copy, micro_batch)
 
     def is_cloned(self, op):
         return op.name not in self.roles.shared
@@ -224,12 +191,7 @@ class RewriteContext(object):
     # ---- communication ---------------------------------------------------------------
     def communicator(self, group, purpose):
         """The Communicator of plan group ``group`` for ``purpose`` (created once)."""
-        name = "%s/%s" % (purpose, group.name)
-        if name not in self._communicators:
-            self._communicators[name] = Communicator(name, group.devices, self.keys,
-                                                     context=self._backend_context())
-            self.program.groups.append((name, tuple(group.devices)))
-        return self._communicators[name]
+        return self.communicators.get(group, purpose)
 
     def _backend_context(self):
         """Job facts for collective backends: worker addresses and the timeout."""
@@ -238,9 +200,6 @@ class RewriteContext(object):
         else:
             hosts = ["127.0.0.1"]
         return {"hosts": hosts, "timeout": self.config.communication.timeout}
-
-    def communicators(self):
-        return list(self._communicators.values())
 
     def rewire(self, tensor, new_tensor, consumers):
         """Point ``consumers``' inputs that read ``tensor`` at ``new_tensor``."""
@@ -259,7 +218,7 @@ class RewriteContext(object):
             program.variable_copies[var_op.name] = [
                 self.instance(var_op, copy) for copy in range(len(self.copies))]
         peers = set(self.plan.drivers)
-        for comm in self._communicators.values():
+        for comm in self.communicators.all():
             for op_name in comm.op_names:
                 program.collective_ops[op_name] = comm.name
             peers.update(self.plan.worker_of.get(d, self.worker) for d in comm.devices)

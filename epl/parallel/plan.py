@@ -27,7 +27,7 @@ TaskGraphSpec = collections.namedtuple("TaskGraphSpec", ["name", "kind", "device
 
 # How the step is repeated per micro-batch and per local replica (``Plan.micro_batching``):
 # each stage's forward and backward built once as functions and called per micro-batch
-# and replica, or (the fallback for graphs functions cannot hold) a copy of every op.
+# and replica, or (when the user asks, pipeline.micro_batching) a copy of every op.
 STAGE_FUNCTIONS = "stage functions"
 UNROLLED = "unrolled copies"
 
@@ -94,6 +94,12 @@ class Plan(collections.namedtuple("Plan", [
     """
 
     __slots__ = ()
+
+    @property
+    def calls_functions(self):
+        """The step is repeated as calls of stage functions (what a session of the graph
+        sets up differently: see epl.cluster.session_config)."""
+        return self.micro_batching is not None and self.micro_batching[0] == STAGE_FUNCTIONS
 
     @property
     def stages(self):
@@ -193,12 +199,8 @@ def describe_micro_batching(choice):
     return "unrolled copies (one copy of the stage graph each: %s)" % reason
 
 
-def make_plan(config, cluster, specs, unrolled_because=None):
-    """Compute the plan; raise PlanError when the layout is impossible.
-
-    ``unrolled_because`` (optional) says why a pipeline of this graph cannot use
-    stage functions (a while loop in a stage, say); the plan then lowers
-    micro-batches as unrolled copies and its print says why."""
+def make_plan(config, cluster, specs):
+    """Compute the plan; raise PlanError when the layout is impossible."""
     specs = list(specs)
     if not specs:
         raise PlanError("the graph has no TaskGraphs; build the model after epl.init()")
@@ -222,20 +224,22 @@ def make_plan(config, cluster, specs, unrolled_because=None):
     if plan.pipeline:
         plan = plan._replace(schedule=_schedule.get_schedule(
             plan.strategy, len(plan.stages), plan.num_micro_batch))
-    if unrolled_because is None:
-        unrolled_because = split_reason(specs)
     if plan.pipeline or _local_replicas(plan):
-        plan = plan._replace(micro_batching=(UNROLLED, unrolled_because) if unrolled_because
-                             else (STAGE_FUNCTIONS, None))
+        plan = plan._replace(micro_batching=choose_micro_batching(
+            config.pipeline.micro_batching))
     _warn_about(plan)
     return plan
 
 
-def split_reason(specs):
-    """Why split TaskGraphs keep one copy of the step per micro-batch and replica
-    (None without them): their collectives are built per copy."""
-    split = [spec.name for spec in specs if spec.kind == _mesh.SPLIT]
-    return "epl.split builds collectives per copy (%s)" % ", ".join(split) if split else None
+def choose_micro_batching(key):
+    """How the plan repeats the step per micro-batch and local replica, for
+    ``pipeline.micro_batching`` ``key``: (STAGE_FUNCTIONS, None), or (UNROLLED, why)
+    when the user asks for copies. Stage functions hold every graph: what a function
+    cannot hold (TF1 control flow, collectives built per copy, input pulls, ref
+    variables) stays ops of each repetition (epl.parallel.repeat.functions)."""
+    if key == "unrolled":
+        return (UNROLLED, "pipeline.micro_batching='unrolled'")
+    return (STAGE_FUNCTIONS, None)
 
 
 def _local_replicas(plan):

@@ -31,16 +31,13 @@ from epl.parallel.passes.classify import ClassifyRoles
 from epl.parallel.passes.end_of_input import EndOfInput
 from epl.parallel.passes.gradients import GradientAggregation
 from epl.parallel.passes.input_order import InputOrder
-from epl.parallel.passes.micro_batches import MicroBatchClone
 from epl.parallel.passes.outputs import MergedOutputs
 from epl.parallel.passes.pipeline import ScheduleLowering
 from epl.parallel.passes.placement import Placement
-from epl.parallel.passes.replicas import ReplicaClone
-from epl.parallel.passes.stage_functions import (
-    StageFunctionBodies, StageFunctionCalls, unrolled_reason)
 from epl.parallel.passes.steps import SharedStepDependencies
 from epl.parallel.passes.sync import VariableSync
 from epl.parallel.plan import make_plan, specs_from_graph
+from epl.parallel.repeat import RepeatStep
 from epl.ir.taskgraph import SPLIT
 
 LOG = logging.getLogger("epl")
@@ -53,10 +50,7 @@ PASSES = (
     ClassifyRoles(),
     Placement(),
     Offload(),
-    MicroBatchClone(),
-    StageFunctionBodies(),
-    ReplicaClone(),
-    StageFunctionCalls(),
+    RepeatStep(),
     BatchSplit(),
     InputOrder(),
     ZeroPartition(),
@@ -98,18 +92,7 @@ def plan_for(view, config, cluster):
     """The plan of a graph view (gives unannotated graphs their implicit TaskGraph)."""
     view.ensure_taskgraph()
     partition_stages(view, config, cluster)
-    specs = specs_from_graph(view)
-    reason = None
-    if (len(specs) > 1 and config.pipeline.num_micro_batch > 1) or \
-            cluster.gpu_num_per_worker > 1:
-        if config.pipeline.micro_batching == "unrolled":
-            reason = "pipeline.micro_batching='unrolled'"
-        else:
-            reason = unrolled_reason(view)
-            if reason and config.pipeline.micro_batching == "stage_functions":
-                raise ValueError("pipeline.micro_batching='stage_functions' cannot lower this "
-                                 "pipeline: %s; use 'auto' or 'unrolled'" % reason)
-    return make_plan(config, cluster, specs, unrolled_because=reason)
+    return make_plan(config, cluster, specs_from_graph(view))
 
 
 def parallelize(view, config, cluster, plan=None, passes=PASSES):

@@ -26,7 +26,6 @@ from epl import tf_adapter
 from epl.cluster.session_config import session_config
 from epl.ir.graph import Graph
 from epl.parallel import estimator, rewriter, step_check
-from epl.parallel.plan import STAGE_FUNCTIONS
 from epl.protocols.hooks import Patch
 from epl.runtime import zero, zero_checkpoint
 from epl.session import roles, serving
@@ -70,12 +69,6 @@ def _plan(graph, env):
     if view.taskgraphs and _parallel(view):
         return rewriter.plan_for(view, env.config, env.cluster)
     return None
-
-
-def _calls_stage_functions(plan):
-    """True if the plan lowers micro-batches or local replicas to calls of stage
-    functions (see epl.cluster.session_config for what that changes)."""
-    return bool(plan and plan.micro_batching and plan.micro_batching[0] == STAGE_FUNCTIONS)
 
 
 def _device_filters(view, plan, env):
@@ -124,7 +117,7 @@ def _wrap_session_init(original, provider):
         graph_ = graph if graph is not None else tf_adapter.get_default_graph()
         plan = _plan(graph_, env)
         config = session_config(env.cluster, config, _device_filters(_view(graph_), plan, env),
-                                calls_functions=_calls_stage_functions(plan))
+                                calls_functions=plan is not None and plan.calls_functions)
         if env.cluster.distributed and not target:
             target = env.get_or_create_server(config).target
         original(self, target, graph, config)

@@ -288,7 +288,7 @@ def copy_ops(view, ops, prefix, copies):
         for op in chunk:
             node = graph_def.node.add()
             node.CopyFrom(op.node_def)
-            _drop_outside_colocation(node, names)
+            tf_adapter.drop_outside_colocation(node, names)
             del node.input[:]
             for tensor in op.inputs:
                 ref = "%s:%d" % (tensor.op.name, tensor.value_index)
@@ -327,15 +327,3 @@ def _chunks(view, ops):
     if current:
         chunks.append(current)
     return chunks
-
-
-def _drop_outside_colocation(node, names):
-    if "_class" not in node.attr:
-        return
-    kept = [loc for loc in node.attr["_class"].list.s
-            if loc.decode()[len("loc:@"):] in names]
-    if kept:
-        del node.attr["_class"].list.s[:]
-        node.attr["_class"].list.s.extend(kept)
-    else:
-        del node.attr["_class"]

@@ -2,7 +2,7 @@
 reads its own copy, sent to its compute device just in time.
 
 A rewrite pass of the replicate phase, right after ``placement`` and before the
-clone passes (``micro_batch_clone``, ``replica_clone``). On copy 0 it
+step is repeated per micro-batch and copy (``repeat_step``). On copy 0 it
 
 1. places every model variable (trainable weights, optimizer slots and non-slot
    variables such as Adam's beta powers, batch-norm statistics), every op that

@@ -41,8 +41,7 @@ class ZeroCheckpoints(Pass):
 
     name = "zero_checkpoints"
     phase = LOWER
-    reads = ("view", "config", "cluster", "plan", "worker", "copies", "instances", "aliases",
-             "dropped", "zero")
+    reads = ("view", "config", "cluster", "plan", "worker", "copies", "repetition", "zero")
     writes = ("graph", "communicators", "program.after_sync")
 
     def applies(self, ctx):

@@ -48,7 +48,7 @@ class ZeroPartition(Pass):
 
     name = "zero_partition"
     phase = LOWER
-    reads = ("view", "config", "plan", "copies", "instances", "aliases", "dropped")
+    reads = ("view", "config", "plan", "copies", "repetition")
     writes = ("graph", "zero", "state_initializers")
 
     def applies(self, ctx):
@@ -188,8 +188,8 @@ class ZeroSync(Pass):
 
     name = "zero_sync"
     phase = LOWER
-    reads = ("view", "config", "cluster", "plan", "copies", "instances", "aliases", "dropped",
-             "zero", "accumulator_stores")
+    reads = ("view", "config", "cluster", "plan", "copies", "repetition", "zero",
+             "accumulator_stores")
     writes = ("graph", "communicators")
 
     def applies(self, ctx):
@@ -201,7 +201,7 @@ class ZeroSync(Pass):
             _agree_on_finite_steps(ctx)
         exchange = _gather if plan.level == "v2" else _exchange
         collectives = [ctx.tf_graph.get_operation_by_name(name)
-                       for comm in ctx.communicators() if comm.name.startswith("grads/")
+                       for comm in ctx.communicators.all() if comm.name.startswith("grads/")
                        for name in comm.step_op_names()]
         by_taskgraph = collections.OrderedDict()
         for name in sorted(plan.owner):

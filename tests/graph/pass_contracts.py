@@ -11,8 +11,9 @@ GraphDef changed (ops, inputs, devices, attributes, functions).
 import collections
 
 from epl.parallel import rewriter
-from epl.parallel.context import FIELD_OF, RewriteContext
-from epl.parallel.program import ParallelProgram
+from epl.parallel.context import FIELD_OF, Communicators, RewriteContext
+from epl.parallel.program import FetchMap, ParallelProgram
+from epl.parallel.repeat.record import Instance, Repetition
 
 Observed = collections.namedtuple("Observed", ["name", "reads", "writes"])
 _STATE = {"pass": None, "log": None}
@@ -55,7 +56,9 @@ class _RecordingContext(RewriteContext):
         return object.__getattribute__(self, name)
 
 
-def _fingerprint(value, depth=2):
+def _fingerprint(value, depth=3):
+    if isinstance(value, (Communicators, Repetition, Instance, FetchMap)):
+        value = _state(value)  # the unit's records: what is in them, not their identity
     if isinstance(value, dict):
         if depth == 0:
             return ("dict", id(value), len(value))
@@ -72,11 +75,19 @@ def _fingerprint(value, depth=2):
     return ("object", id(value))
 
 
+def _state(value):
+    """The public attributes of an object that holds part of the context's state (its
+    private ones are caches)."""
+    if isinstance(value, Instance):
+        return dict((name, getattr(value, name)) for name in Instance.__slots__)
+    return dict((name, item) for name, item in vars(value).items() if not name.startswith("_"))
+
+
 def _snapshot(ctx):
     fields = {}
     for prefix, owner in (("", ctx), ("program.", ctx.program)):
         for name, value in vars(owner).items():
-            if name.startswith("_") and name != "_communicators":
+            if name.startswith("_"):
                 continue   # caches (the sharded variables of the view) fill as they are read
             field = _field(prefix, name)
             if field is not None:

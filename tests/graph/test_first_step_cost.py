@@ -15,8 +15,8 @@ from tensorflow.python.grappler import tf_optimizer
 import epl
 from epl.cluster import Cluster
 from epl.parallel import rewriter
-from epl.parallel.gates import GradientGates
-from epl.parallel.passes.micro_batches import constant_expressions
+from epl.parallel.repeat.gates import GradientGates
+from epl.parallel.repeat.step_ops import constant_expressions
 from eplutil import (copy_values, dataset_input, initial_weights, make_data, staged_mlp,
                      train_step)
 

@@ -2,7 +2,7 @@
 import numpy as np
 
 from epl import tf_functions
-from epl.parallel.function_body import FunctionBody, first_call_variant
+from epl.parallel.repeat.function_body import FunctionBody, first_call_variant
 from epl.tf_adapter import tf
 
 

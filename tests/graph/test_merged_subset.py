@@ -79,10 +79,10 @@ def test_program_keys_merge_extras_by_tensor(monkeypatch):
         sess.run(tf.global_variables_initializer())
         sess.run(train)
     program = epl.Graph.get().parallel
-    merge_of = dict((c.name, program.merged_extras[c.name][0].name) for c in columns)
+    merge_of = dict((c.name, program.fetches.merged_extras[c.name][0].name) for c in columns)
     for tensor in columns:
         substitute, extras = program.map_element(tensor)
-        assert substitute is program.merged[tensor.name]
+        assert substitute is program.fetches.merged[tensor.name]
         names = set(op.name for op in extras)
         assert merge_of[tensor.name] in names
         assert not names.intersection(v for k, v in merge_of.items() if k != tensor.name)

@@ -49,12 +49,16 @@ def _serial(experts, groups):
                                              for n in names])))
 
 
-@pytest.mark.parametrize("devices,experts", [(2, 4), (4, 4), (2, 6)])
-def test_moe_matches_unsplit(devices, experts):
+@pytest.mark.parametrize("devices,experts,lowering", [(2, 4, "auto"), (4, 4, "auto"),
+                                                      (2, 6, "auto"), (2, 6, "unrolled")])
+def test_moe_matches_unsplit(devices, experts, lowering):
+    """The all-to-alls of the experts stay ops of each copy; stage functions (the
+    default) call the rest of the step, unrolled copies clone it."""
     groups = 2 * devices
     ref = _serial(experts, groups)
     x, y = _data(groups * STEPS)
-    epl.init(epl.Config({"cluster.colocate_split_and_replicate": True}),
+    epl.init(epl.Config({"cluster.colocate_split_and_replicate": True,
+                         "pipeline.micro_batching": lowering}),
              cluster=Cluster(devices_per_worker=devices))
     epl.set_default_strategy(epl.replicate(devices))
     loss = _model(*_dataset(x, y, groups), experts, epl.split(devices))
@@ -64,6 +68,8 @@ def test_moe_matches_unsplit(devices, experts):
         for _ in range(STEPS):
             sess.run(train)
         copies = dict((n, copy_values(sess, n)) for n in ("moe/gate", "moe/w_in", "moe/w_out"))
+    assert epl.Graph.get().parallel.plan.micro_batching[0] == (
+        "unrolled copies" if lowering == "unrolled" else "stage functions")
     worst = max(float(np.abs(c - ref["moe/gate"]).max()) for c in copies["moe/gate"])
     for name in ("moe/w_in", "moe/w_out"):
         assert copies[name][0].shape[0] == experts // devices

@@ -167,6 +167,25 @@ def _ops_of_copy(view, copy, phases):
             and view.info(op).phase in phases]
 
 
+_COMPUTE = ("MatMul", "BiasAdd", "Relu", "BiasAddGrad", "ReluGrad",
+            "SparseSoftmaxCrossEntropyWithLogits")
+
+
+def _compute_of_copy(view, copy):
+    """(compute ops of ``copy`` in the graph, {"<function>/<node>": the call running it}
+    for the compute nodes of the stage functions ``copy`` calls)."""
+    ops = _ops_of_copy(view, copy, ("forward", "backward"))
+    library = dict((f.signature.name, f) for f in
+                   view.tf_graph.as_graph_def().library.function)
+    in_calls = {}
+    for call in [op for op in ops if op.type == "StatefulPartitionedCall"]:
+        body = library[call.get_attr("f").name]
+        for node in body.node_def:
+            if node.op in _COMPUTE:
+                in_calls["%s/%s" % (body.signature.name, node.name)] = call
+    return [op for op in ops if op.type in _COMPUTE], in_calls
+
+
 @pytest.mark.parametrize("resource", [False, True])
 def test_variables_slots_and_updates_on_host_compute_on_devices(resource):
     view, program, _ = _gpu_program("adam", resource)
@@ -179,11 +198,11 @@ def test_variables_slots_and_updates_on_host_compute_on_devices(resource):
         assert all(v.device == HOST for v in variables)
         for op in _ops_of_copy(view, copy, ("apply",)):
             assert op.device == HOST, op.name
-        compute = [op for op in _ops_of_copy(view, copy, ("forward", "backward"))
-                   if op.type in ("MatMul", "BiasAdd", "Relu", "BiasAddGrad", "ReluGrad",
-                                  "SparseSoftmaxCrossEntropyWithLogits")]
-        assert len(compute) >= 10
+        # compute runs on the copy's GPU: as ops, or inside the calls of stage functions
+        compute, in_calls = _compute_of_copy(view, copy)
+        assert len(compute) + len(in_calls) >= 10
         assert all(op.device == gpu for op in compute), [(o.name, o.device) for o in compute]
+        assert all(call.device == gpu for call in in_calls.values())
         for op in _ops_of_copy(view, copy, ("forward", "backward")):
             if op.type in ("ReadVariableOp", "VariableV2", "VarHandleOp") or \
                     (op.type == "Identity" and op.name.endswith("/read")):
@@ -197,18 +216,26 @@ def test_every_use_reads_its_own_copy_after_the_other_inputs():
     kernel_read = graph.get_operation_by_name("d2/kernel/read").outputs[0]
     readers = [c for c in kernel_read.consumers()]
     assert all(c.type == "Identity" and c.name.startswith(OFFLOAD_SCOPE) for c in readers)
-    # forward MatMul and the backward MatMul (input gradient) each get a copy
-    users = [c for r in readers for c in r.outputs[0].consumers()]
+    # forward MatMul and the backward MatMul (input gradient) each get a copy; the user
+    # ops stand for the stage functions' calls, which read the copies now
+    users = [c for r in readers for c in r.outputs[0].consumers()
+             if c.type != "StatefulPartitionedCall"]
     assert sorted(u.name for u in users) == ["d2/MatMul", "gradients/d2/MatMul_grad/MatMul"]
     for copy in readers:
-        user = copy.outputs[0].consumers()[0]
+        user = [c for c in copy.outputs[0].consumers() if c.type != "StatefulPartitionedCall"][0]
         others = set(t.op.name for t in user.inputs) - {copy.name}
-        assert others and others <= set(c.name for c in copy.control_inputs)
+        assert others and len(copy.control_inputs) >= 1
+        calls = [c for c in copy.outputs[0].consumers() if c.type == "StatefulPartitionedCall"]
+        assert len(calls) == 1 and calls[0].device.endswith("GPU:0")
+        # the copy waits for what computes the user's other inputs: the calls that do
+        assert all(c.type == "StatefulPartitionedCall" or c.name in others
+                   for c in copy.control_inputs), [c.name for c in copy.control_inputs]
         assert copy.device == HOST and user.device.endswith("GPU:0")
     # copy 1 has its own per-use copies, sent to its own device
     clone = graph.get_operation_by_name("EPL_REPLICA_1/%s" % readers[0].name)
     assert clone.device == HOST
-    assert clone.outputs[0].consumers()[0].device.endswith("GPU:1")
+    assert [c.device for c in clone.outputs[0].consumers()] == [
+        "/job:localhost/replica:0/task:0/device:GPU:1"]
     assert graph.get_operation_by_name("EPL_REPLICA_1/d2/kernel/read").device == HOST
 
 
@@ -322,13 +349,16 @@ def test_no_weight_bytes_resident_on_a_compute_device():
     assert weights.get(CPU1, 0) == 0
     assert weights[HOST] > 0
     # What persists on CPU:1 is small constants only (grappler may fold a few of the
-    # loss's per-example constants there: two of 32 bytes on TF 2.15), no variable.
-    persistent = dict((node.node_name, node.memory_stats.persistent_memory_size)
-                      for dev in metadata.step_stats.dev_stats if dev.device == CPU1
-                      for node in dev.node_stats if node.memory_stats.persistent_memory_size)
-    assert not set(persistent) & names
-    assert all(size <= 64 for size in persistent.values()), persistent
-    assert device_memory_stats(metadata)[CPU1].persistent_bytes == sum(persistent.values())
+    # loss's per-example constants there: two of 32 bytes on TF 2.15), no variable. A list,
+    # not a table by name: the nodes of a stage function's body keep their names in every
+    # call, and each call's constants count.
+    persistent = [(node.node_name, node.memory_stats.persistent_memory_size)
+                  for dev in metadata.step_stats.dev_stats if dev.device == CPU1
+                  for node in dev.node_stats if node.memory_stats.persistent_memory_size]
+    assert not set(name for name, _ in persistent) & names
+    assert all(size <= 64 for _, size in persistent), persistent
+    assert device_memory_stats(metadata)[CPU1].persistent_bytes == sum(
+        size for _, size in persistent)
     ran_on = dict((node.node_name, dev.device) for dev in metadata.step_stats.dev_stats
                   for node in dev.node_stats)
     # copy 1's forward is a call of the stage function (d1/MatMul runs inside it)

@@ -95,12 +95,11 @@ def _io_slicing(tmp_path):
 # scenario -> (builder, passes it must run besides the ones every graph runs)
 SCENARIOS = {
     "data_parallel_accumulation": (lambda tmp: _data_parallel({"pipeline.num_micro_batch": 2}),
-                                   ["replica_clone", "stage_function_bodies",
-                                    "stage_function_calls", "shared_step_dependencies",
+                                   ["repeat_step", "shared_step_dependencies",
                                     "input_order", "end_of_input"]),
-    "pipeline_stage_functions": (lambda tmp: _pipeline({}), ["schedule_lowering"]),
+    "pipeline_stage_functions": (lambda tmp: _pipeline({}), ["repeat_step", "schedule_lowering"]),
     "pipeline_unrolled": (lambda tmp: _pipeline({"pipeline.micro_batching": "unrolled"}),
-                          ["micro_batch_clone", "schedule_lowering"]),
+                          ["repeat_step", "schedule_lowering"]),
     "split": (lambda tmp: _split(), ["split_lowering", "batch_split", "sharded_checkpoints"]),
     "auto_stages": (lambda tmp: _auto_stages(), ["auto_stages"]),
     "offload_and_checkpointing": (lambda tmp: _savers(), ["unused_checkpoints", "offload"]),
@@ -176,7 +175,7 @@ def test_the_checker_catches_an_undeclared_write():
 
         def run(self, ctx):
             ctx.split_inputs.add("x")
-            ctx.program.merged["loss"] = ctx.roles
+            ctx.program.fetches.merged["loss"] = ctx.roles
 
     _data_parallel({})
     env = epl.Env.get()
@@ -184,7 +183,7 @@ def test_the_checker_catches_an_undeclared_write():
     (classify, sneaky) = record(epl.Graph.get(), env.config, env.cluster, passes)
     assert classify.writes == {"roles"}
     assert sneaky.reads >= {"split_inputs", "roles"}
-    assert sneaky.writes == {"split_inputs", "program.merged"}
+    assert sneaky.writes == {"split_inputs", "program.fetches"}
 
 
 def test_the_design_doc_table_is_current():

@@ -11,8 +11,9 @@ from epl.protocols.passes import LAYERS, MODEL, Pass, PassOrderError, check_orde
 from epl.parallel.passes.classify import ClassifyRoles
 from epl.parallel.passes.gradients import GradientAggregation
 from epl.parallel.passes.placement import Placement
-from epl.parallel.passes.replicas import ReplicaClone
-from eplutil import dataset_input, initial_weights, make_data, mlp, staged_mlp, train_step
+from epl.parallel.repeat import RepeatStep
+from eplutil import (all_copy_values, dataset_input, initial_weights, make_data, mlp,
+                     staged_mlp, train_step)
 
 
 def _tiny(devices=2, config=None):
@@ -47,8 +48,8 @@ def test_classify_and_placement_alone_place_copy_zero():
     assert not program.collective_ops and program.sync_op is None
 
 
-def test_replica_clone_alone_builds_copy_one_on_its_device():
-    view, program = _parallelize((ClassifyRoles(), Placement(), ReplicaClone()))
+def test_repeat_step_alone_builds_copy_one_on_its_device():
+    view, program = _parallelize((ClassifyRoles(), Placement(), RepeatStep()))
     clone = tf.get_default_graph().get_operation_by_name("EPL_REPLICA_1/d1/kernel")
     assert _device(clone) == "device:CPU:1"
     info = view.info(clone)
@@ -57,7 +58,7 @@ def test_replica_clone_alone_builds_copy_one_on_its_device():
 
 
 def test_gradient_aggregation_records_a_plan_per_copy():
-    view, program = _parallelize((ClassifyRoles(), Placement(), ReplicaClone(),
+    view, program = _parallelize((ClassifyRoles(), Placement(), RepeatStep(),
                                   GradientAggregation()), config={"communication.max_splits": 2})
     assert len(program.gradient_plans) == 2
     plan = program.gradient_plans[1]
@@ -121,22 +122,28 @@ def _staged_tiny(devices, micro_batches, lowering="unrolled"):
                          "pipeline.micro_batching": lowering}),
              cluster=Cluster(devices_per_worker=devices))
     x, y = make_data(32)
-    train_step(staged_mlp(*dataset_input(x, y, 4), initial_weights()))
+    train = train_step(staged_mlp(*dataset_input(x, y, 4), initial_weights()))
     env = epl.Env.get()
-    return epl.Graph.get(), env
+    return epl.Graph.get(), env, train
 
 
+_LOWERING = {"stage_functions": "stage functions", "unrolled": "unrolled copies"}
+
+
+@pytest.mark.parametrize("lowering", sorted(_LOWERING))
 @pytest.mark.parametrize("pipeline", [False, True], ids=["dp", "pipeline"])
-def test_collectives_are_built_per_copy_never_copied(monkeypatch, pipeline):
+def test_collectives_are_built_per_copy_never_copied(monkeypatch, pipeline, lowering):
     """Copy 1 and every micro-batch get their own all-reduce (their rank, their
-    instance), built from their own inputs; the graph runs."""
+    instance), built from their own inputs, whichever lowering repeats the step (stage
+    functions keep such collectives ops of each repetition); the graph runs."""
     monkeypatch.setenv("EPL_COLLECTIVE_BACKEND", "ring")
     passes = (_LayerAllReduce(),) + rewriter.PASSES
     if pipeline:  # 2 replicas x 2 stages; stage 0's group is (CPU:0, CPU:2)
-        view, env = _staged_tiny(4, 2)
+        view, env, _ = _staged_tiny(4, 2, lowering)
         program = rewriter.parallelize(view, env.config, env.cluster, passes=passes)
-    else:  # the plan cannot foresee a test pass's collectives: unrolled copies, by key
-        view, program = _parallelize(passes, config={"pipeline.micro_batching": "unrolled"})
+    else:
+        view, program = _parallelize(passes, config={"pipeline.micro_batching": lowering})
+    assert program.plan.micro_batching[0] == _LOWERING[lowering]
     micro_batches = 2 if pipeline else 1
     graph = tf.get_default_graph()
     ring = [graph.get_operation_by_name(name) for name, group in program.collective_ops.items()
@@ -153,10 +160,27 @@ def test_collectives_are_built_per_copy_never_copied(monkeypatch, pipeline):
         assert np.isfinite(sess.run(loss)).all()
 
 
-def test_stage_functions_refuse_collectives_built_per_copy():
-    """A model pass that makes a per-copy collective inside a pipeline stage needs
-    unrolled micro-batches: the stage-function lowering says so, by key."""
-    passes = (_LayerAllReduce(),) + rewriter.PASSES
-    view, env = _staged_tiny(4, 2, lowering="auto")
-    with pytest.raises(NotImplementedError, match="pipeline.micro_batching='unrolled'"):
-        rewriter.parallelize(view, env.config, env.cluster, passes=passes)
+def test_stage_functions_train_around_collectives_built_per_copy(monkeypatch):
+    """A model pass that makes a per-copy collective inside a pipeline stage (as split
+    layers do): stage functions call the rest of the stage around it and train exactly
+    as unrolled copies do (before, stage functions refused such graphs)."""
+    monkeypatch.setenv("EPL_COLLECTIVE_BACKEND", "ring")
+    weights = {}
+    for lowering in ("unrolled", "stage_functions"):
+        tf.reset_default_graph()
+        view, env, train = _staged_tiny(4, 2, lowering="auto" if lowering != "unrolled"
+                                        else lowering)
+        program = rewriter.parallelize(view, env.config, env.cluster,
+                                       passes=(_LayerAllReduce(),) + rewriter.PASSES)
+        assert program.plan.micro_batching[0] == _LOWERING[lowering]
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            for _ in range(2):  # 32 rows: 2 replicas x 2 micro-batches x 4 rows a step
+                sess.run(train)
+            weights[lowering] = all_copy_values(
+                sess, [v.op.name for v in tf.trainable_variables()])
+    assert sorted(weights["unrolled"]) == sorted(weights["stage_functions"])
+    for name, copies in weights["unrolled"].items():
+        assert len(copies) == 2
+        for mine, theirs in zip(weights["stage_functions"][name], copies):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7, err_msg=name)

@@ -299,23 +299,23 @@ def _staged_with_cond(x, y, lowering="auto"):
     return train_step(staged_mlp(xb, yb, initial_weights(), 2, scopes=lambda i: stages[i]))
 
 
-def test_control_flow_in_a_stage_falls_back_to_unrolled_copies():
+@pytest.mark.parametrize("lowering", ["auto", "stage_functions"])
+def test_control_flow_in_a_stage_runs_as_ops_of_each_repetition(lowering):
     """A tf.cond in a stage cannot cross a function boundary (its untaken branch's
-    tensors are dead): the plan says so and lowers unrolled copies; training still
-    matches serial. Forcing stage functions is refused by key."""
+    tensors are dead): stage functions keep it an op of each micro-batch and call the
+    rest of the stage (before, such graphs fell back to unrolled copies, and forcing
+    stage functions was refused); training matches serial."""
     x, y = make_data(4 * B * (K + 1))
-    train = _staged_with_cond(x, y)
+    train = _staged_with_cond(x, y, lowering)
     sess = tf.Session()
     sess.run(tf.global_variables_initializer())
     for _ in range(K):
         sess.run(train)
     plan = epl.Graph.get().parallel.plan
-    assert plan.micro_batching[0] == "unrolled copies"
-    assert "TF1 control flow in the training step" in str(plan)
+    assert plan.micro_batching[0] == "stage functions"
+    assert "micro-batches: stage functions" in str(plan)
+    switches = [op for op in tf.get_default_graph().get_operations()
+                if op.type == "Switch" and op.name.startswith("EPL_MICRO_BATCH_3/")]
+    assert switches  # micro-batch 3's own cond
     _, ref = serial_train(x, y, 4 * B, K)
     assert max_diff(ref["d1/kernel"], copy_values(sess, "d1/kernel")) < TOL
-
-    tf.reset_default_graph()
-    train = _staged_with_cond(x, y, "stage_functions")
-    with pytest.raises(ValueError, match="pipeline.micro_batching='stage_functions' cannot"):
-        tf.Session().run(train)

@@ -71,9 +71,10 @@ def _serial(classes, batch):
             return curve, dict(zip(names, values))
 
 
-def _split(classes, devices, batch):
+def _split(classes, devices, batch, lowering="auto"):
     x, y = _data(batch * STEPS, classes)
-    epl.init(epl.Config({"cluster.colocate_split_and_replicate": True}),
+    epl.init(epl.Config({"cluster.colocate_split_and_replicate": True,
+                         "pipeline.micro_batching": lowering}),
              cluster=Cluster(devices_per_worker=devices))
     loss, accuracy = _model(*_dataset(x, y, batch), classes, epl.replicate(devices),
                             epl.split(devices), metrics=True)
@@ -83,6 +84,9 @@ def _split(classes, devices, batch):
         curve = [sess.run([loss, accuracy, train])[:2] for _ in range(STEPS)]
         values = dict((n, copy_values(sess, n)) for n in
                       ("backbone/kernel", "classifier/kernel", "classifier/bias"))
+    choice = epl.Graph.get().parallel.plan.micro_batching
+    if devices > 1:  # the local copies repeat the step as the key asks (auto: functions)
+        assert choice[0] == ("unrolled copies" if lowering == "unrolled" else "stage functions")
     return curve, values
 
 
@@ -91,12 +95,15 @@ def _record(value):
     MEASURED.append((os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0], value))
 
 
-@pytest.mark.parametrize("devices,classes", [(1, 10), (2, 10), (2, 7), (4, 13), (4, 1000),
-                                             (2, 1001)])
-def test_split_classifier_matches_unsplit(devices, classes):
+@pytest.mark.parametrize("devices,classes,lowering", [
+    (1, 10, "auto"), (2, 10, "auto"), (2, 7, "auto"), (4, 13, "auto"), (4, 1000, "auto"),
+    (2, 1001, "auto"), (2, 7, "unrolled"), (4, 1000, "unrolled")])
+def test_split_classifier_matches_unsplit(devices, classes, lowering):
+    """Stage functions (the default) call the step's functions around the split layer's
+    collectives, which stay ops of each copy; unrolled copies clone everything."""
     batch = 4 * devices
     ref_curve, ref = _serial(classes, batch)
-    curve, copies = _split(classes, devices, batch)
+    curve, copies = _split(classes, devices, batch, lowering)
     np.testing.assert_allclose(curve, ref_curve, rtol=1e-5, atol=1e-6)
     worst = max(float(np.abs(c - ref["backbone/kernel"]).max())
                 for c in copies["backbone/kernel"])

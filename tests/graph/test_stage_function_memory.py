@@ -6,7 +6,7 @@ arguments kept each of them for the whole call and allocated fresh buffers
 where unrolled copies reuse the activations' (measured: peak per stage 4.5%
 above unrolled copies on this model, 12-19% on the 12-layer encoder of
 benchmarks/). Saved activations now pass through TensorArrays that a read
-clears (epl.parallel.function_body). The steps are traced single-threaded so
+clears (epl.parallel.repeat.function_body). The steps are traced single-threaded so
 that the order of allocations, and so the peak, is the same in every run.
 """
 import contextlib

@@ -20,7 +20,8 @@ PACKAGE = os.path.join(REPO_ROOT, "epl")
 
 # (floor, its modules and packages, what it holds), lowest first.
 FLOORS = (
-    ("base", ("epl.version", "epl.lazy", "epl.checks", "epl.tf_adapter", "epl.tf_adapter_tf1",
+    ("base", ("epl.version", "epl.lazy", "epl.checks", "epl.tf_adapter", "epl.tf_adapter_graph",
+              "epl.tf_adapter_state", "epl.tf_adapter_version", "epl.tf_adapter_tf1",
               "epl.tf_adapter_tf2", "epl.tf_functions", "epl.buckets", "epl.protocols"),
      "nothing above it: the TF adapter (and its functions module), count checks, bucket "
      "planning, the pass and hook protocols, lazy exports"),

@@ -30,7 +30,7 @@ class BatchSplit(Pass):
 
     name = "batch_split"
     phase = REPLICATE
-    reads = ("cluster", "copies", "roles", "instances", "dropped")
+    reads = ("cluster", "copies", "roles", "repetition")
     writes = ("graph", "split_inputs")
 
     def applies(self, ctx):

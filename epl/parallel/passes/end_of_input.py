@@ -23,9 +23,9 @@ as in plain TensorFlow. This pass lowers it:
    the accumulation counter). So no model op, no collective and no update of
    the step starts anywhere before every replica knows that all have data.
 
-Reads: roles, copies, instances, the plan's host group. Writes: the guarded
-pulls, the agreement collective, ``program.substitutes`` and ``program.extras``
-(a fetch of a batch reads the guarded batches, it never pulls again).
+Reads: roles, copies, the repetition, the plan's host group. Writes: the guarded
+pulls, the agreement collective, and ``program.fetches`` (substitutes and extras:
+a fetch of a batch reads the guarded batches, it never pulls again).
 """
 import collections
 import logging
@@ -51,9 +51,9 @@ class EndOfInput(Pass):
 
     name = "end_of_input"
     phase = LOWER
-    reads = ("view", "config", "cluster", "plan", "copies", "num_micro_batch", "roles", "instances",
-             "dropped", "per_run_writes")
-    writes = ("graph", "communicators", "program.extras", "program.substitutes")
+    reads = ("view", "config", "cluster", "plan", "copies", "repetition", "roles",
+             "per_run_writes")
+    writes = ("graph", "communicators", "program.fetches")
 
     def applies(self, ctx):
         if not ctx.view.has_training_step:
@@ -74,9 +74,9 @@ class EndOfInput(Pass):
             optional, _ = optionals[id(pull.op)]
             batches[id(pull.op)] = _values(pull.op, optional, guard)
             _replace(ctx, pull, batches[id(pull.op)], optionals)
-        for name, ops in ctx.program.extras.items():  # a fetch of a batch runs every copy's
-            ctx.program.extras[name] = [batches[id(op)][0].op if id(op) in batches else op
-                                        for op in ops]
+        extras = ctx.program.fetches.extras
+        for name, ops in extras.items():  # a fetch of a batch runs every copy's
+            extras[name] = [batches[id(op)][0].op if id(op) in batches else op for op in ops]
         for op in ctx.per_run_writes:
             tf_adapter.add_control_inputs(op, [guard])
 
@@ -170,7 +170,7 @@ def _replace(ctx, pull, values, optionals):
     for tensor, value in zip(old.outputs, values):
         ctx.rewire(tensor, value, list(tensor.consumers()))
         if old is pull.user_op:
-            ctx.program.substitutes[tensor.name] = value
+            ctx.program.fetches.substitutes[tensor.name] = value
     for op in tf_adapter.control_outputs(old):
         if id(op) not in optionals:
             tf_adapter.replace_control_input(op, old, values[0].op)

@@ -16,7 +16,7 @@ says, in small steps:
 
 With ``communication.clip_after_allreduce`` the gradients straight out of
 ``tf.gradients`` are reduced and the user's clipping reads the reduced values.
-Reads: apply and gradient records, ``copies``, ``instances``, plan groups.
+Reads: apply and gradient records, ``copies``, the repetition, plan groups.
 Writes: collectives, EPL accumulators, rewired gradient consumers,
 ``program.gradient_plans``.
 """
@@ -32,10 +32,10 @@ from epl.ops.shards import shard_shape
 from epl.parallel import gradient_plan as gp
 from epl.parallel.context import GRADIENTS
 from epl.parallel.passes import LOWER, Pass
+from epl.parallel.repeat.step_ops import training_items as _training_items
 from epl.runtime import gradient_accumulation as ga
 from epl.tf_adapter import tf
 
-Item = collections.namedtuple("Item", ["var", "grad"])
 Local = collections.namedtuple("Local", ["value", "indices", "store"])  # indices: sparse only
 
 
@@ -44,8 +44,7 @@ class GradientAggregation(Pass):
 
     name = "gradient_aggregation"
     phase = LOWER
-    reads = ("view", "config", "cluster", "plan", "copies", "num_micro_batch", "aliases", "gates",
-             "micro_batching", "zero")
+    reads = ("view", "config", "cluster", "plan", "copies", "repetition", "zero")
     writes = ("graph", "communicators", "epl_variables", "accumulator_stores", "per_run_writes",
               "program.gradient_plans")
 
@@ -69,13 +68,7 @@ class GradientAggregation(Pass):
 
 def training_items(ctx):
     """{variable op name: Item} of every trained variable, in apply order."""
-    after_clip = ctx.config.communication.clip_after_allreduce
-    items = collections.OrderedDict()
-    for call in ctx.view.apply_calls:
-        for grad, var in call:
-            raw = ctx.view.raw_gradient(var.op.name) if after_clip else None
-            items[var.op.name] = Item(var, raw if raw is not None else grad)
-    return items
+    return _training_items(ctx.view, ctx.config.communication.clip_after_allreduce)
 
 
 def _info(ctx, item):
@@ -164,44 +157,13 @@ def _by_group(plan):
 
 # ---- step 1: micro-batches ---------------------------------------------------------
 def _local_sum(ctx, item, copy, device):
-    """This copy's gradient over the micro-batches of a pipeline step."""
-    micro_batches = range(ctx.num_micro_batch)
-    if isinstance(item.grad, tf.IndexedSlices):
-        values = [ctx.tensor_instance(item.grad.values, copy, m) for m in micro_batches]
-        indices = [ctx.tensor_instance(item.grad.indices, copy, m) for m in micro_batches]
-        gates = [gate for m in micro_batches for part in (item.grad.values, item.grad.indices)
-                 for gate in ctx.gate_instances(part, copy, m)]
-        with tf.device(device), tf.name_scope("EPL_MICRO_BATCH_SUM"):
-            if len(values) == 1:
-                return Local(_after(values[0], gates), indices[0], None)
-            return Local(_after(tf.concat(values, 0), gates), tf.concat(indices, 0), None)
-    summed = (ctx.micro_batching.accumulated(item.grad, copy)
-              if ctx.micro_batching is not None else None)
-    if summed is not None:  # summed inside the stage's backward function
-        return Local(summed, None, None)
-    parts = [ctx.tensor_instance(item.grad, copy, m) for m in micro_batches]
-    gates = [ctx.gate_instances(item.grad, copy, m) for m in micro_batches]
-    with tf.device(device), tf.name_scope("EPL_MICRO_BATCH_SUM"):
-        # A running sum in micro-batch order (not add_n, which waits for all of
-        # them): each micro-batch's gradient is freed as soon as it is added, so
-        # peak memory does not grow with num_micro_batch.
-        total = (tf_adapter.running_sum(parts, gates) if len(parts) > 1
-                 else _after(parts[0], gates[0]))
-    if not total.shape.is_fully_defined():
-        # gradients out of while loops or conds lose their static shape; fusion needs it
-        with tf.device(device), tf.name_scope("EPL_GRADIENT_SHAPE"):
-            shape = _copy_shape(ctx, item.var.op, copy) or item.var.shape.as_list()
-            total = tf.reshape(total, shape)
-    return Local(total, None, None)
-
-
-def _after(tensor, gates):
-    """``tensor``, read only after ``gates`` (the gradient gates of a copy that does
-    without the forwarding Identity; see ``epl.parallel.clone.gradient_gates``)."""
-    if not gates:
-        return tensor
-    with tf.control_dependencies(gates):
-        return tf.identity(tensor)
+    """This copy's gradient over the micro-batches of a pipeline step (the repetition
+    sums or concatenates them; a dense sum gets its variable's static shape)."""
+    shape = None
+    if not isinstance(item.grad, tf.IndexedSlices):
+        shape = _copy_shape(ctx, item.var.op, copy) or item.var.shape.as_list()
+    value, indices = ctx.repetition.gradient_sum(item.grad, copy, device, shape)
+    return Local(value, indices, None)
 
 
 # ---- step 2: gradient accumulation -------------------------------------------------

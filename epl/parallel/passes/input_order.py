@@ -17,7 +17,7 @@ class InputOrder(Pass):
 
     name = "input_order"
     phase = REPLICATE
-    reads = ("copies", "num_micro_batch", "roles", "instances", "dropped", "split_inputs")
+    reads = ("copies", "repetition", "roles", "split_inputs")
     writes = ("graph",)
 
     def applies(self, ctx):

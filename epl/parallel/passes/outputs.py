@@ -29,9 +29,8 @@ class MergedOutputs(Pass):
 
     name = "merged_outputs"
     phase = LOWER
-    reads = ("view", "config", "cluster", "plan", "copies", "num_micro_batch", "instances",
-             "aliases", "dropped", "micro_batching")
-    writes = ("graph", "communicators", "program.merged", "program.merged_extras")
+    reads = ("view", "config", "cluster", "plan", "copies", "repetition")
+    writes = ("graph", "communicators", "program.fetches")
 
     def applies(self, ctx):
         return any(ctx.view.collections.values())
@@ -58,7 +57,7 @@ class MergedOutputs(Pass):
                                            reduction)
                           for copy, value in enumerate(local)]
             if merged[0] is not tensor:
-                ctx.program.add_merged(tensor.name, merged)
+                ctx.program.fetches.add_merged(tensor.name, merged)
             self._rewire_summaries(ctx, tensor, local, reduction, scope)
 
     @staticmethod

@@ -14,7 +14,7 @@ class SharedStepDependencies(Pass):
 
     name = "shared_step_dependencies"
     phase = LOWER
-    reads = ("view", "copies", "roles", "instances", "dropped")
+    reads = ("view", "copies", "roles", "repetition")
     writes = ("graph",)
 
     def applies(self, ctx):

@@ -33,8 +33,8 @@ class VariableSync(Pass):
 
     name = "variable_sync"
     phase = LOWER
-    reads = ("view", "config", "cluster", "plan", "copies", "roles", "instances", "dropped",
-             "epl_variables", "state_initializers", "zero")
+    reads = ("view", "config", "cluster", "plan", "copies", "roles", "repetition", "epl_variables",
+             "state_initializers", "zero")
     writes = ("graph", "communicators", "program.sync_op", "program.setup_op",
               "program.linked_init", "program.init_check")
 
@@ -42,7 +42,7 @@ class VariableSync(Pass):
         chain_shard_initializers(ctx)
         ctx.program.linked_init = link_copy_initializers(ctx)
         setup = []
-        for comm in ctx.communicators():
+        for comm in ctx.communicators.all():
             setup.extend(comm.setup_ops())
         with tf.device(ctx.host), tf.name_scope("EPL_SYNC"):
             if ctx.epl_variables:

@@ -1,119 +1,109 @@
-"""Pipeline micro-batches as calls of stage functions (``Plan.micro_batching``).
+"""Stage functions: each stage's forward and backward built once, called per repetition.
 
-Each stage's forward and backward ops become one function each
-(:mod:`epl.parallel.function_body`), built once and called once per
-micro-batch on the stage's device, per local copy. The graph therefore holds
-the model once plus a few ops per micro-batch, and TensorFlow optimizes each
-function body once, so the time to the first step does not grow with
-``pipeline.num_micro_batch``. The schedule orders the calls (one control edge
-per pair of consecutive actions of a stage: see ``ScheduleLowering``).
+Each stage's forward and backward ops become one function each (the backward in up to
+``BACKWARD_CHUNKS`` pieces; :mod:`epl.parallel.repeat.function_body`), built once and
+called once per micro-batch on the stage's device, per local copy
+(:mod:`epl.parallel.repeat.calls`). The graph therefore holds the model once plus a few
+ops per micro-batch, and TensorFlow optimizes each function body once, so the time to
+the first step does not grow with ``pipeline.num_micro_batch`` or the local replicas.
+The schedule orders the calls (one control edge per pair of consecutive actions of a
+stage: an action's boundaries are its calls).
 
 What the calls replace:
   * the user's forward and backward ops of every copy stay in the graph but no
     longer run: whatever read them (the optimizer's updates, metrics, summaries,
     EPL's own ops) reads the results of micro-batch 0's calls instead, and a
-    fetch of a user tensor returns micro-batch 0's result (``program.substitutes``);
+    fetch of a user tensor returns micro-batch 0's result (``program.fetches``);
   * a dense gradient is summed over micro-batches inside the backward function
     (each call takes the running sum and returns it plus its micro-batch's
     gradient), so the sum costs no op per micro-batch; micro-batch 0 calls a
     variant without the sums' arguments (no add to zero);
-  * residual ops (see :mod:`epl.parallel.stage_partition`) are copied per
-    micro-batch and read the calls' results.
+  * residual ops (see :mod:`epl.parallel.repeat.stage_partition`) are cloned per
+    micro-batch like unrolled copies and read the calls' results.
 """
 import logging
 
 from epl import tf_adapter, tf_functions
 from epl.ir.phase import Phase
-from epl.ir.traverse import CONTROL_FLOW_TYPES, ancestor_ops
-from epl.parallel.function_body import FunctionBody, first_call_variant
-from epl.parallel.passes import REPLICATE, Pass
-from epl.parallel.passes.gradients import training_items
-from epl.parallel.passes.micro_batches import constant_expressions, micro_batch_candidates
-from epl.parallel.passes.stage_calls import StageCalls, build_calls
-from epl.parallel.plan import STAGE_FUNCTIONS, split_reason
-from epl.ir.roles import GET_NEXT_TYPES, PLACEHOLDER_TYPES, step_roots
-from epl.parallel.stage_partition import BACKWARD, FORWARD, partition
+from epl.ir.roles import GET_NEXT_TYPES, PLACEHOLDER_TYPES
+from epl.parallel.repeat.calls import build_calls, sum_key
+from epl.parallel.repeat.copies import clone_copies, clone_micro_batches, order_shared_writes
+from epl.parallel.repeat.function_body import FunctionBody, first_call_variant
+from epl.parallel.repeat.control_flow import control_flow
+from epl.parallel.repeat.record import Repetition
+from epl.parallel.repeat.stage_partition import BACKWARD, FORWARD, partition
+from epl.parallel.repeat.step_ops import (
+    constant_expressions, gradient_parts, micro_batch_candidates, training_items)
 from epl.tf_adapter import tf
 
 LOG = logging.getLogger("epl")
 _KINDS = {Phase.FORWARD: FORWARD, Phase.BACKWARD: BACKWARD}
-_PHASES = {FORWARD: Phase.FORWARD, BACKWARD: Phase.BACKWARD}
 
 
-def unrolled_reason(view):
-    """Why this graph's pipeline cannot use stage functions (None if it can).
+class StageFunctions(Repetition):
+    """The lowering's record: the partition of the step's ops into cores and residual
+    ops, the bodies and functions of the cores (``firsts``: the variants for micro-batch
+    0 of the functions that sum gradients), and, per repetition, its calls and what they
+    compute (:class:`epl.parallel.repeat.record.Instance`)."""
 
-    TF1 control flow (while loops, conds) in a stage runs in a function, but the
-    tensors that its forward hands its backward may be dead (an untaken branch)
-    or loop state, which a function cannot return; collectives built per copy
-    (split layers) must be rebuilt per micro-batch. Such graphs keep one copy of
-    the stage per micro-batch."""
-    split = split_reason(view.taskgraphs)
-    if split:
-        return split
-    for op in ancestor_ops(step_roots(view)):
-        info = view.info(op)
-        if info is None or info.phase not in _KINDS:
-            continue
-        if op.type in CONTROL_FLOW_TYPES:
-            return "TF1 control flow in the training step (%s op %s)" % (op.type, op.name)
-        if op.name in view.specialized:
-            return "a collective built per copy in the training step (%s)" % op.name
-    return None
+    def __init__(self, copies, micro_batches):
+        super(StageFunctions, self).__init__(copies, micro_batches)
+        self.partition = None
+        self.bodies, self.functions, self.firsts = {}, {}, {}
+        self.sum_only = set()
 
+    def build(self, ctx):
+        stage_ops, self.shared = _stage_ops(ctx)
+        self._define(ctx, stage_ops)
+        clone_micro_batches(ctx, self, self.partition.residual)
+        clone_copies(ctx, self)
+        build_calls(ctx, self)
+        order_shared_writes(ctx, self, self.partition.residual, self._calls_reading)
 
-class StageFunctionBodies(Pass):
-    """Define each stage's forward and backward functions (before the replica clone,
-    which then copies only what the functions do not hold)."""
-
-    name = "stage_function_bodies"
-    phase = REPLICATE
-    reads = ("view", "config", "num_micro_batch", "roles")
-    writes = ("graph", "micro_batching")
-
-    def applies(self, ctx):
-        return (ctx.plan.micro_batching is not None
-                and ctx.plan.micro_batching[0] == STAGE_FUNCTIONS
-                and (ctx.plan.pipeline or len(ctx.copies) > 1))
-
-    def run(self, ctx):
-        stage_ops, constants = _stage_ops(ctx)
-        built = [op.name for op in stage_ops if op.name in ctx.view.specialized]
-        if built:  # made by a model pass after the plan chose the lowering
-            raise NotImplementedError(
-                "pipeline.micro_batching: a model pass built per-copy collectives in the "
-                "training step (%s), which stage functions cannot call once per copy and "
-                "micro-batch; set pipeline.micro_batching='unrolled'" % ", ".join(built[:3]))
-        blocked = _downstream_of_gradients(ctx, stage_ops)
+    def _define(self, ctx, stage_ops):
+        """Partition the step's ops into function cores and residual ops, and define
+        each core's function (before any clone: the clones copy only what the functions
+        do not hold)."""
+        blocked = (_downstream_of_gradients(ctx, stage_ops) | _built_per_copy(ctx, stage_ops)
+                   | control_flow(stage_ops))
         part = partition(stage_ops, lambda op: _action_of(ctx, op),
                          lambda op: _movable(ctx, op, blocked), _chunk_ends(ctx))
-        bodies = _bodies(ctx, part, constants)
-        functions, firsts = {}, {}
-        for action, body in bodies.items():
+        self.partition = part
+        self.bodies = _bodies(ctx, part, self.shared, self.micro_batches)
+        for action, body in self.bodies.items():
             fdef = body.function_def(_function_name(ctx, action))
-            functions[action] = tf_functions.define_function(ctx.tf_graph, fdef)
+            self.functions[action] = tf_functions.define_function(ctx.tf_graph, fdef)
             if body.accumulate:
                 first = first_call_variant(fdef, _function_name(ctx, action, "_first"),
                                            body.returned_sums())
-                firsts[action] = tf_functions.define_function(ctx.tf_graph, first)
-        ctx.micro_batching = StageCalls(part, bodies, functions, firsts)
+                self.firsts[action] = tf_functions.define_function(ctx.tf_graph, first)
+        self.replaced = set(op.name for ops in part.cores.values() for op in ops)
+        self.sum_only = set(name for body in self.bodies.values() for name in body.sum_only)
         LOG.info("EPL: the step as stage functions: %r", part)
 
+    def _calls_reading(self, variable):
+        """The actions whose functions take variable ``variable`` (its handle) as input."""
+        return [action for action, body in self.bodies.items()
+                if any(t.op.name == variable for t in body.inputs)]
 
-class StageFunctionCalls(Pass):
-    """Call the stage functions per local copy and micro-batch (after the replica
-    clone); see :mod:`epl.parallel.passes.stage_calls`."""
+    def computed(self, tensor, copy, micro_batch):
+        if micro_batch and tensor.name in self.sum_only:
+            raise RuntimeError("EPL internal error: %s is summed inside the backward "
+                               "functions; only micro-batch 0's calls return it"
+                               % tensor.name)
+        return super(StageFunctions, self).computed(tensor, copy, micro_batch)
 
-    name = "stage_function_calls"
-    phase = REPLICATE
-    reads = ("view", "cluster", "copies", "num_micro_batch", "aliases", "dropped", "micro_batching")
-    writes = ("graph", "instances", "program.extras", "program.substitutes", "program.replaced_ops")
+    def summed_in_calls(self, grad, copy):
+        return self.at(copy, self.micro_batches - 1).tensors.get(sum_key(grad))
 
-    def applies(self, ctx):
-        return isinstance(ctx.micro_batching, StageCalls)
-
-    def run(self, ctx):
-        build_calls(ctx, ctx.micro_batching)
+    def boundaries(self, ctx, copy):
+        """An action's entrances and exits are the calls of its functions (a backward
+        may have several)."""
+        found = {}
+        for micro_batch in range(self.micro_batches):
+            for (stage, kind, _), call in self.at(copy, micro_batch).calls.items():
+                found.setdefault((stage, kind, micro_batch), []).append(call)
+        return found, found
 
 
 # ---- which ops --------------------------------------------------------------------
@@ -121,7 +111,7 @@ def _stage_ops(ctx):
     """(forward and backward ops of the step that micro-batches repeat, names of the
     constant expressions among the candidates: copied into each body that reads them)."""
     candidates = micro_batch_candidates(ctx)
-    constants = constant_expressions(candidates)
+    constants = constant_expressions(candidates, ctx.view.specialized)
     invariant = _invariant_reads(candidates)
     ops = [op for op in candidates if op.name not in constants and op.name not in invariant]
     return ops, constants
@@ -156,7 +146,7 @@ def _chunk_ends(ctx):
     each piece frees the activations it read and hands its gradients on (to the
     next micro-batch's sum, or the all-reduce) before the rest of the backward."""
     sizes = {}
-    for item in training_items(ctx).values():
+    for item in _training_items(ctx).values():
         if isinstance(item.grad, tf.IndexedSlices):  # a few rows, whatever the table's size
             sizes[item.grad.values.op.name] = 1
         else:
@@ -180,23 +170,45 @@ def _chunk_ends(ctx):
 def _movable(ctx, op, blocked):
     """May ``op`` live in a function? Not: input pulls (ordered across copies), ops on
     ref tensors (a function cannot take them) or updating variables (ordered
-    across micro-batches), ops the user pinned to the host, and ops downstream of
-    the gradients (gradient aggregation rewires those)."""
+    across micro-batches), ops that make a resource (TF drops the resources a call
+    made when it returns; made outside, they live in the step's container), ops the
+    user pinned to the host, ops built per copy and
+    what they read (``_built_per_copy``), TF1 control flow (see
+    :mod:`epl.parallel.repeat.control_flow`), and ops downstream of the gradients
+    (gradient aggregation rewires those)."""
     if op.type in GET_NEXT_TYPES or op.type in PLACEHOLDER_TYPES or op.name in blocked:
         return False
-    if op.name in ctx.roles.pinned or op.name in ctx.view.specialized:
+    if op.name in ctx.roles.pinned:
         return False
     if any(tf_adapter.is_ref_dtype(t.dtype) for t in list(op.inputs) + list(op.outputs)):
         return False
+    if op.op_def.is_stateful and any(t.dtype == tf.resource for t in op.outputs):
+        return False  # it makes a resource (a TensorArray, a stack): a call drops its own
     return not tf_adapter.writes_variable(op)
+
+
+def _built_per_copy(ctx, ops):
+    """Names of the step's ops that a model pass builds per copy and micro-batch
+    (``view.specialized``: the collectives of split layers, whose group, rank and
+    instance depend on the repetition) and of the producers of what they read: the
+    clones of a repetition build their own from the clones' tensors, so what they
+    read must be an op of each repetition too, never a call's result that does not
+    exist yet when they are built."""
+    names = set()
+    for op in ops:
+        spec = ctx.view.specialized.get(op.name)
+        if spec is not None:
+            names.add(op.name)
+            names.update(t.op.name for t in spec.inputs)
+    return names
 
 
 def _downstream_of_gradients(ctx, ops):
     """Names of step ops reading (transitively) a gradient gradient aggregation
     rewires: with ``communication.clip_after_allreduce`` the user's clipping reads
     the reduced gradients, so it must stay an op of its own."""
-    roots = set(t.op.name for item in training_items(ctx).values()
-                for t in _parts(item.grad))
+    roots = set(t.op.name for item in _training_items(ctx).values()
+                for t in gradient_parts(item.grad))
     found = set()
     for op in ops:  # creation order is topological
         if any(t.op.name in roots or t.op.name in found for t in op.inputs):
@@ -205,13 +217,17 @@ def _downstream_of_gradients(ctx, ops):
 
 
 # ---- function bodies --------------------------------------------------------------
-def _bodies(ctx, part, constants):
+def _training_items(ctx):
+    return training_items(ctx.view, ctx.config.communication.clip_after_allreduce)
+
+
+def _bodies(ctx, part, constants, micro_batches):
     """{action: FunctionBody} with the results others read, the gradient sums and the
     activations a stage's forward saves for its backward (see ``_saved``)."""
     cores = part.cores
     member = dict((op.name, action) for action, ops in cores.items() for op in ops)
     wanted = _wanted_tensors(ctx)
-    sums = _summed_gradients(ctx)
+    sums = _summed_gradients(ctx, micro_batches)
     writes, reads = _saved(cores, member, wanted)
     residual = set(op.name for op in part.residual)
     bodies = {}
@@ -274,21 +290,16 @@ def _wanted_tensors(ctx):
         names.update(y.name for y in call.ys if isinstance(y, tf.Tensor))
     for tensors in ctx.view.collections.values():
         names.update(t.name for t in tensors)
-    for item in training_items(ctx).values():
-        names.update(t.name for t in _parts(item.grad))
+    for item in _training_items(ctx).values():
+        names.update(t.name for t in gradient_parts(item.grad))
     return names
 
 
-def _parts(grad):
-    """The tensors of a dense or sparse gradient."""
-    return [grad.values, grad.indices] if isinstance(grad, tf.IndexedSlices) else [grad]
-
-
-def _summed_gradients(ctx):
+def _summed_gradients(ctx, micro_batches):
     """Names of the dense gradients gradient aggregation sums over micro-batches."""
-    if ctx.num_micro_batch == 1:
+    if micro_batches == 1:
         return set()
-    return set(item.grad.name for item in training_items(ctx).values()
+    return set(item.grad.name for item in _training_items(ctx).values()
                if not isinstance(item.grad, tf.IndexedSlices))
 
 
@@ -307,8 +318,9 @@ def _constant_inputs(ops, constants):
 
 def _function_name(ctx, action, suffix=""):
     taken = tf_adapter.function_names(ctx.tf_graph)
-    base = "EPL_stage%d_%s%s" % (action[0], "forward" if action[1] == FORWARD
-                                 else "backward%d" % action[2], suffix)
+    kind = "forward" if action[1] == FORWARD else "backward"
+    chunk = "%d" % action[2] if action[1] == BACKWARD or action[2] else ""
+    base = "EPL_stage%d_%s%s%s" % (action[0], kind, chunk, suffix)
     name, index = base, 1
     while name in taken:
         name, index = "%s_%d" % (base, index), index + 1

@@ -61,7 +61,7 @@ class Cloner(object):
     set, else the original or its replacement); the built op must have the
     source op's outputs.
 
-    ``gates`` (optional :class:`epl.parallel.gates.GradientGates` of the set) are
+    ``gates`` (optional :class:`epl.parallel.repeat.gates.GradientGates` of the set) are
     left out of the copies: a consumer of a forwarded Identity reads the copy of
     what it forwards and waits for the copies of the gate's members.
     """
@@ -90,7 +90,7 @@ class Cloner(object):
     def _add_node(self, op):
         node = self._template.node.add()
         node.CopyFrom(op.node_def)
-        _drop_outside_colocation(node, self.names)
+        tf_adapter.drop_outside_colocation(node, self.names)
         del node.input[:]
         controls = list(op.control_inputs)
         for tensor in op.inputs:
@@ -209,24 +209,8 @@ def _cloned(tensor, result, replace):
     return replace.get(tensor, tensor)
 
 
-def clone_ops(tf_graph, ops, prefix, replace=None, device_of=None):
-    """Clone ``ops`` once under ``prefix`` (see :class:`Cloner`)."""
-    return Cloner(tf_graph, ops).clone(prefix, replace, device_of)
-
-
 def _tensor_ref(tensor):
     return "%s:%d" % (tensor.op.name, tensor.value_index)
-
-
-def _drop_outside_colocation(node, names):
-    if "_class" in node.attr:
-        kept = [loc for loc in node.attr["_class"].list.s
-                if loc.decode()[len("loc:@"):] in names]
-        if kept:
-            del node.attr["_class"].list.s[:]
-            node.attr["_class"].list.s.extend(kept)
-        else:
-            del node.attr["_class"]
 
 
 def _add_functions(tf_graph, graph_def):

@@ -13,7 +13,7 @@ variable's buffer, so an op computing the gradient of its input from a weight
 must finish before that weight's update, which waits only for the weight's
 own gradient. So a copy keeps the ordering without the ops: whoever consumes a
 forwarded gradient waits for the ops the gate waited for (its *members*), and
-so do EPL's gradient sums (``RewriteContext.gate_instances``).
+so do EPL's gradient sums (``Repetition.waits``, :mod:`epl.parallel.repeat.record`).
 """
 import re
 

@@ -1,24 +1,28 @@
 """Which ops of a pipeline become stage functions, and which stay ops of their own.
 
 An *action* is (stage, kind, chunk): kind "F" (forward) or "B" (backward); a
-stage's backward may be cut into chunks (see :func:`partition`). The ops of a
-training step that an action runs for one micro-batch become one function,
-its *core*, called once per micro-batch. Some ops cannot live in a function or
-must stay visible to other passes; they are *residual*: copied per
-micro-batch like the unrolled lowering does (input pulls, ops on ref
-variables such as batch norm's moving averages, ops the user pinned to the
-CPU, ops downstream of the gradients that gradient aggregation rewires).
+stage's forward or backward may take several functions, its chunks (see
+:func:`partition`). The ops of a training step that a chunk runs for one
+micro-batch become one function, its *core*, called once per micro-batch. Some
+ops cannot live in a function or must stay visible to other passes; they are
+*residual*: copied per micro-batch like the unrolled lowering does (input pulls,
+ops on ref variables such as batch norm's moving averages, ops the user pinned to
+the CPU, collectives built per copy, ops downstream of the gradients that gradient
+aggregation rewires).
 
 A function runs as a whole: all its inputs first, all its results at the end.
-So the calls must form no cycle, even where the ops did not: a backward op
-that reads another stage's gradient (global-norm clipping, say) cannot sit in
-its stage's backward function, because that function's results feed the other
-stage's backward. :func:`partition` moves every such op (an op of an action
-reachable from the same action through an op outside it) to the residual set,
-which makes the graph of calls acyclic, and gives the actions in a
-topological order.
+So the calls must form no cycle, even where the ops did not: a backward op that
+reads another stage's gradient (global-norm clipping, say) cannot sit in the
+function that feeds the other stage's backward, and an op after a residual op
+(a collective of a split layer) cannot sit in the function that feeds it.
+:func:`partition` cuts each stage's forward and backward into *segments*: the
+first holds the ops not reachable from the action through an op outside it,
+the next the same among the rest, and so on. No path leaves a segment and comes
+back, so the calls form no cycle; the actions come out in a topological order.
 """
 import collections
+
+from epl.ir.traverse import successor_map
 
 FORWARD, BACKWARD = "F", "B"
 
@@ -52,56 +56,48 @@ def partition(ops, action_of, movable, chunk_ends=None):
 
     ``action_of(op)`` gives an op's (stage, kind); ``movable(op)`` says whether it
     may live in a function at all. ``chunk_ends((stage, kind), ops)`` (optional)
-    cuts an action's ops (creation order) into consecutive chunks, returning the
-    index after each chunk's last op: a function returns all its results when it ends, so a long
-    backward in one function keeps every activation it reads, and every gradient,
-    until its last op; chunks free them (and hand gradients to their all-reduce)
-    as they go. Creation order is topological, so chunks never form a cycle.
+    cuts a segment's ops (creation order) into consecutive chunks, returning the
+    index after each chunk's last op: a function returns all its results when it
+    ends, so a long backward in one function keeps every activation it reads, and
+    every gradient, until its last op; chunks free them (and hand gradients to their
+    all-reduce) as they go. Creation order is topological, so chunks never form a
+    cycle.
     """
-    successors = _successors(ops)
+    successors = successor_map(ops)
     owner = dict((op, action_of(op) if movable(op) else None) for op in ops)
-    cores = collections.OrderedDict()
+    actions = collections.OrderedDict()
     for op in ops:
         if owner[op] is not None:
-            cores.setdefault(owner[op], []).append(op)
-    for action, members in list(cores.items()):
-        outside = [s for op in members for s in successors[op] if owner[s] != action]
-        late = _reachable(outside, successors)
-        for op in members:
-            if op in late:
-                owner[op] = None
-        cores[action] = [op for op in members if owner[op] == action]
-        if not cores[action]:
-            del cores[action]
+            actions.setdefault(owner[op], []).append(op)
     residual = [op for op in ops if owner[op] is None]
-    cores = _chunked(cores, chunk_ends)
+    cores = collections.OrderedDict()
+    for (stage, kind), members in actions.items():
+        chunk = 0
+        for segment in _segments(members, successors):
+            ends = chunk_ends((stage, kind), segment) if chunk_ends is not None else []
+            start = 0
+            for end in sorted(set(ends) | {len(segment)}):
+                if start < end <= len(segment):
+                    cores[(stage, kind, chunk)] = segment[start:end]
+                    start, chunk = end, chunk + 1
     owner = dict((op, None) for op in residual)
     owner.update((op, action) for action, members in cores.items() for op in members)
     return StagePartition(cores, residual, _order(cores, owner, successors))
 
 
-def _chunked(cores, chunk_ends):
-    """{(stage, kind, chunk): ops}: each action cut where ``chunk_ends`` says."""
-    result = collections.OrderedDict()
-    for (stage, kind), members in cores.items():
-        ends = chunk_ends((stage, kind), members) if chunk_ends is not None else []
-        start, chunk = 0, 0
-        for end in sorted(set(ends) | {len(members)}):
-            if start < end <= len(members):
-                result[(stage, kind, chunk)] = members[start:end]
-                start, chunk = end, chunk + 1
-    return result
-
-
-def _successors(ops):
-    """{op: [ops among ``ops`` that read it or wait for it]}."""
-    members = set(ops)
-    found = dict((op, []) for op in ops)
-    for op in ops:
-        for producer in [t.op for t in op.inputs] + list(op.control_inputs):
-            if producer in members:
-                found[producer].append(op)
-    return found
+def _segments(members, successors):
+    """``members`` (an action's ops, creation order) cut where a path leaves them and
+    comes back: each segment holds the remaining ops that no op outside the
+    remaining ones reaches. The first op of what remains is never reached (creation
+    order is topological), so every segment has an op."""
+    segments, remaining = [], list(members)
+    while remaining:
+        inside = set(remaining)
+        outside = [s for op in remaining for s in successors[op] if s not in inside]
+        late = _reachable(outside, successors)
+        segments.append([op for op in remaining if op not in late])
+        remaining = [op for op in remaining if op in late]
+    return segments
 
 
 def _reachable(starts, successors):
