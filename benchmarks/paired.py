@@ -36,16 +36,18 @@ def allocator_env(allocator, env):
     return env
 
 
-def serve_steps(sess, train, warmup, first_step):
+def serve_steps(sess, train, warmup, first_step, runs=1):
     """Child side: ``warmup`` steps, a ready line, then one timed step (seconds and
-    minor page faults, a BENCH line) per line read from stdin, until it closes."""
-    for _ in range(warmup):
+    minor page faults, a BENCH line) per line read from stdin, until it closes. A step
+    is ``runs`` runs of ``train`` (gradient accumulation: the runs of one apply)."""
+    for _ in range(warmup * runs):
         sess.run(train)
     common.bench_line(dict(ready=True, first_step=first_step))
     for _ in sys.stdin:
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.time()
-        sess.run(train)
+        for _ in range(runs):
+            sess.run(train)
         seconds = time.time() - start
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
         common.bench_line(dict(step=seconds, faults=faults))
