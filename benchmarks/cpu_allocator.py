@@ -71,6 +71,7 @@ def measure(args, shape, mode):
         "%s %s (%s)" % (shape, mode, allocator))) for allocator in paired.ALLOCATORS]
     steps, faults, servers = paired.run_pair(starts, args.pairs)
     return dict(steps=steps, faults=faults, load_before=load,
+                cpu=dict((a, s.cpu) for a, s in servers),
                 max_rss_mb=dict((a, s.max_rss_mb) for a, s in servers))
 
 
@@ -82,7 +83,9 @@ def summary(result):
     return dict(median=dict((a, statistics.median(s)) for a, s in result["steps"].items()),
                 faults=dict((a, statistics.median(f)) for a, f in result["faults"].items()),
                 ratio=statistics.median(ratios), quartiles=paired.quartiles(ratios),
-                count=len(ratios))
+                count=len(ratios),
+                cpu=paired.cpu_ratio(*[result["cpu"][a] for a in ("bfc", "malloc")])
+                if result.get("cpu") else None)
 
 
 def row(key, result):
@@ -95,7 +98,9 @@ def row(key, result):
                                percent(s["quartiles"][1])),
             "%.0fk / %.0f" % (s["faults"]["malloc"] / 1000.0, s["faults"]["bfc"]),
             "%.0f / %.0f" % (rss["malloc"], rss["bfc"]), s["count"],
-            "%.1f" % result["load_before"][0] if result["load_before"] else "?"]
+            "%.1f" % result["load_before"][0] if result["load_before"] else "?",
+            "%s (%s to %s)" % (percent(s["cpu"][0]), percent(s["cpu"][1][0]),
+                               percent(s["cpu"][1][1])) if s["cpu"] else "not recorded"]
 
 
 def row_order(key):
@@ -135,7 +140,8 @@ def markdown(results, runs):
         common.markdown_table(
             ["shape", "mode", "malloc s", "BFC s", "BFC vs malloc (IQR)",
              "page faults per step (malloc / BFC)", "peak RSS MB (malloc / BFC)",
-             "pairs of steps", "1-min load before", "run"],
+             "pairs of steps", "1-min load before", "CPU s per step, BFC vs malloc (IQR)",
+             "run"],
             [row(key, results[key]) + [results[key].get("run", 0) + 1]
              for key in sorted(results, key=row_order)])]
     return "\n".join(lines)

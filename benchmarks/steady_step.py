@@ -96,6 +96,7 @@ def paired(args, row):
         [(lowering, functools.partial(step_server, args, row, lowering))
          for lowering in LOWERINGS], args.pairs)
     return dict(steps=steps, faults=faults, load_before=load,
+                cpu=dict((low, server.cpu) for low, server in servers),
                 first_step=dict((low, server.first_step) for low, server in servers))
 
 
@@ -113,10 +114,13 @@ def summary(result):
     pair_ratios = [statistics.median(pair) for pair in per_pair]
     faults = dict((low, [f for pair in result["pairs"]
                          for f in pair.get("faults", {}).get(low, [])]) for low in LOWERINGS)
+    cpu = [dict(pair["cpu"]) for pair in result["pairs"] if pair.get("cpu")]
     return dict(median=dict((low, statistics.median(s)) for low, s in steps.items()),
                 ratio=statistics.median(ratios), quartiles=quartiles(ratios),
                 pair_ratios=pair_ratios, count=len(ratios),
-                faults=dict((low, statistics.median(f)) for low, f in faults.items() if f))
+                faults=dict((low, statistics.median(f)) for low, f in faults.items() if f),
+                cpu=pairing.cpu_ratio(*[[c for pair in cpu for c in pair[low]]
+                                        for low in LOWERINGS]) if cpu else None)
 
 
 def row(key, result):
@@ -131,7 +135,9 @@ def row(key, result):
         "%s (%s to %s)" % (percent(s["ratio"]), percent(s["quartiles"][0]),
                            percent(s["quartiles"][1])),
         " ".join(percent(r) for r in s["pair_ratios"]), faults, s["count"],
-        result["run"] + 1, " ".join("%.1f" % p["load_before"][0] for p in result["pairs"])]
+        result["run"] + 1, " ".join("%.1f" % p["load_before"][0] for p in result["pairs"]),
+        "%s (%s to %s)" % (percent(s["cpu"][0]), percent(s["cpu"][1][0]),
+                           percent(s["cpu"][1][1])) if s["cpu"] else "not recorded"]
 
 
 def result_key(micro_batches, allocator, shape="mid", mode="pipe"):
@@ -201,7 +207,8 @@ def markdown(results, runs):
                   ["shape", "mode", "micro-batches", "CPU allocator", "stage functions s",
                    "unrolled s",
                    "functions vs unrolled (IQR)", "per process pair", "page faults per step",
-                   "pairs of steps", "run", "1-min load before each process pair"],
+                   "pairs of steps", "run", "1-min load before each process pair",
+                   "CPU s per step, functions vs unrolled (IQR)"],
                   [row(key, results[key]) for key in sorted(results, key=row_order)])]
     return "\n".join(lines)
 

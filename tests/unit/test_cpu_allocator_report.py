@@ -98,3 +98,13 @@ def test_a_pair_is_started_one_at_a_time_stepped_ended_and_always_stopped():
     with pytest.raises(RuntimeError):
         paired.run_pair([("a", start("A", [1])), ("b", start("B", []))], 2)
     assert log[-2:] == ["close A", "close B"]  # a child that fails stops both
+
+
+def test_cpu_seconds_per_step_are_compared_per_pair_too():
+    """Other processes stretch a step's wall time far more than its CPU time."""
+    assert paired.cpu_ratio([2.0, 4.0, 3.0], [1.0, 2.0, 1.0]) == (2.0, (2.0, 3.0))
+    assert paired.cpu_ratio([None], [1.0]) is None
+    result = dict(steps=dict(malloc=[1.0, 1.0], bfc=[0.9, 0.9]), faults=dict(malloc=[1, 1],
+                  bfc=[0, 0]), load_before=[1.0] * 3, max_rss_mb=dict(malloc=1.0, bfc=1.0),
+                  cpu=dict(malloc=[2.0, 2.0], bfc=[1.9, 1.9]))
+    assert report.row("plain", result)[9] == "-5% (-5% to -5%)"

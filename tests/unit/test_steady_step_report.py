@@ -37,6 +37,9 @@ def test_ratios_are_taken_per_pair_of_adjacent_steps():
     assert row[:4] == ["mid", "pipe", 16, "malloc"]
     assert row[6] == "+10% (+10% to +10%)" and row[7] == "+10% +10%"
     assert row[8] == "not recorded"  # rows from before faults were counted
+    assert row[-1] == "not recorded"  # nor CPU seconds
+    result["pairs"][0]["cpu"] = dict(stage_functions=[2.2, 2.2], unrolled=[2.0, 2.0])
+    assert steady.row("16", result)[-1] == "+10% (+10% to +10%)"
 
 
 def test_faults_are_each_lowerings_median_per_step():
