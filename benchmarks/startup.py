@@ -97,16 +97,26 @@ class Phases(object):
         return max(0.0, busy - self.busy - time.process_time())
 
 
-def _count_run_signatures(signatures):
-    """Record the (targets, fetches, feeds) of every run TF executes."""
+def _record_runs(runs):
+    """Record every run TF executes: its signature (targets, fetches, feeds: each new
+    one prunes, places and optimizes a graph and builds executors), a label (its first
+    target or fetch op) and its wall, process CPU and main-thread CPU seconds."""
     from tensorflow.python.client import session as session_lib
     original = session_lib.BaseSession._do_run
 
+    def name(element):  # an Operation (target) or a Tensor (fetch)
+        return getattr(getattr(element, "op", element), "name", str(element))
+
     def _do_run(self, handle, target_list, fetch_list, feed_dict, *rest):
-        signatures.append((tuple(sorted(getattr(t, "name", str(t)) for t in target_list)),
-                           tuple(sorted(getattr(f, "name", str(f)) for f in fetch_list)),
-                           tuple(sorted(getattr(f, "name", str(f)) for f in feed_dict))))
-        return original(self, handle, target_list, fetch_list, feed_dict, *rest)
+        names = [name(t) for t in target_list] + [name(f) for f in fetch_list]
+        signature = (tuple(sorted(names)), tuple(sorted(str(f) for f in feed_dict)))
+        started = time.time(), time.process_time(), time.thread_time()
+        try:
+            return original(self, handle, target_list, fetch_list, feed_dict, *rest)
+        finally:
+            runs.append(dict(signature=hash(signature), label=names[0] if names else "-",
+                             wall=time.time() - started[0], cpu=time.process_time() - started[1],
+                             main=time.thread_time() - started[2]))
     session_lib.BaseSession._do_run = _do_run
 
 
@@ -143,8 +153,8 @@ def child(args):
     """Build, create the session, first step, steady steps; one BENCH line."""
     import tensorflow.compat.v1 as tf
     import shapes
-    signatures, phases = [], Phases()
-    _count_run_signatures(signatures)
+    log, phases = [], Phases()
+    _record_runs(log)
     epl_path = None
     if args.mode != "plain":
         import epl  # imported before timing, as a user's script does
@@ -159,11 +169,12 @@ def child(args):
     started = phases.start()
     sess = tf.train.MonitoredTrainingSession(config=config)
     phases.stop("session", started)
-    session_runs = len(signatures)
+    session_runs = len(log)
     started = phases.start()
     for _ in range(built.runs_per_step):
         sess.run(built.train)
     phases.stop("first_run", started)
+    first_runs = len(log)
     steps, step_cpu = [], []
     for _ in range(args.steady_steps):
         wall, cpu = time.time(), time.process_time()
@@ -176,7 +187,8 @@ def child(args):
         wall=phases.wall, cpu=phases.cpu, main=phases.main, ops_before=ops_before,
         steady=statistics.median(steps) if steps else None,
         steady_cpu=statistics.median(step_cpu) if step_cpu else None,
-        session_runs=session_runs, run_signatures=len(set(signatures)),
+        session_runs=session_runs, run_signatures=len(set(r["signature"] for r in log)),
+        runs=log[:first_runs],
         lowering=_lowering(tf) if args.mode != "plain" else None,
         allocator=os.environ.get(common.BFC_VARIABLE, "unset"), epl_path=epl_path,
         other_cpu_seconds=phases.other_cpu_seconds(), **_graph_counts(tf)))
@@ -370,8 +382,28 @@ def markdown(payload):
         "time; CPU s first step = the whole process's; load = 1-min load average before the "
         "run; others' CPU s = CPU seconds other processes used during the run; [before] = "
         "the --baseline checkout's code, run in turn with this checkout's", "",
-        common.markdown_table(HEADERS, table_rows(payload["records"]))]
+        common.markdown_table(HEADERS, table_rows(payload["records"])), "",
+        "## Where session creation and the first run go", "",
+        "Each TF run of session creation, then (after `|`) of the first run, as `op: process "
+        "CPU s (main thread CPU s)`, op = the run's first target or fetch; rewrite = EPL's "
+        "parallelize inside session creation (CPU s). MonitoredTrainingSession's runs are "
+        "the initializer, the readiness check for the local initializer, the local "
+        "initializer (local variables and `TABLE_INITIALIZERS`) and the readiness check.", "",
+        common.markdown_table(["shape", "mode", "lowering", "rewrite", "runs"],
+                              [row[:3] + _runs_cells(record["run"])
+                               for row, record in zip(table_rows(payload["records"]),
+                                                      payload["records"])])]
     return "\n".join(lines)
+
+
+def _runs_cells(run):
+    """[rewrite CPU s, each run of session creation and the first run]."""
+    if "runs" not in run:
+        return ["-", "not recorded"]
+    cells = ["%s: %.1f (%.1f)" % (r["label"][:32], r["cpu"], r["main"]) for r in run["runs"]]
+    session = run["session_runs"]
+    text = "; ".join(cells[:session]) + " | " + "; ".join(cells[session:])
+    return ["%.1f" % run["cpu"]["rewrite"] if "rewrite" in run["cpu"] else "-", text]
 
 
 def _key(record):
