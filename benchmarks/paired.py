@@ -14,6 +14,7 @@ and ``cpu_allocator.py`` (two CPU allocators).
 """
 import queue
 import resource
+import statistics
 import subprocess
 import sys
 import threading
@@ -36,19 +37,22 @@ def allocator_env(allocator, env):
     return env
 
 
-def serve_steps(sess, train, warmup, first_step):
+def serve_steps(sess, train, warmup, first_step, runs=1):
     """Child side: ``warmup`` steps, a ready line, then one timed step (seconds and
-    minor page faults, a BENCH line) per line read from stdin, until it closes."""
-    for _ in range(warmup):
+    minor page faults and the process's CPU seconds, all threads: a BENCH line) per
+    line read from stdin, until it closes. A step
+    is ``runs`` runs of ``train`` (gradient accumulation: the runs of one apply)."""
+    for _ in range(warmup * runs):
         sess.run(train)
     common.bench_line(dict(ready=True, first_step=first_step))
     for _ in sys.stdin:
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        start = time.time()
-        sess.run(train)
-        seconds = time.time() - start
+        start, cpu = time.time(), time.process_time()
+        for _ in range(runs):
+            sess.run(train)
+        seconds, cpu = time.time() - start, time.process_time() - cpu
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-        common.bench_line(dict(step=seconds, faults=faults))
+        common.bench_line(dict(step=seconds, faults=faults, cpu=cpu))
     common.bench_line(dict(max_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0))
 
 
@@ -63,6 +67,7 @@ class StepServer(object):
                                      universal_newlines=True, errors="replace")
         self.lines, self.bench = [], queue.Queue()
         self.max_rss_mb = None
+        self.cpu = []  # CPU seconds of each step (less sensitive to other processes)
         threading.Thread(target=self._pump, daemon=True).start()
         self.first_step = self._next(BUILD_TIMEOUT)["first_step"]
 
@@ -92,6 +97,7 @@ class StepServer(object):
         self.proc.stdin.write("step\n")
         self.proc.stdin.flush()
         payload = self._next(STEP_TIMEOUT)
+        self.cpu.append(payload.get("cpu"))
         return payload["step"], payload["faults"]
 
     def finish(self):
@@ -144,3 +150,13 @@ def run_pair(starts, pairs):
 def quartiles(values):
     ordered = sorted(values)
     return ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]
+
+
+def cpu_ratio(cpu_a, cpu_b):
+    """Median and quartiles of the per-pair ratio of two processes' CPU seconds per
+    step (None when a side recorded none): what a step costs the machine, which other
+    processes' load changes far less than its wall time."""
+    ratios = [a / b for a, b in zip(cpu_a, cpu_b) if a is not None and b]
+    if not ratios:
+        return None
+    return statistics.median(ratios), quartiles(ratios)

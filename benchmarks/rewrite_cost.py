@@ -40,6 +40,12 @@ data parallelism with 2 local replicas within 1.3x plain TF.
 ``--merge`` keeps the records of configurations not run this time from the JSON
 already in ``--out`` (each run's command, date and load are listed).
 
+EPL's processes here get an in-process ``epl.Cluster``; users start with
+``epl-launch``, which until issue 41 made a one-worker job run every session
+through a ``tf.train.Server`` (1.3-1.5x the CPU time to the first step): the
+0.87x this benchmark reported against 1.75x for an encoder written elsewhere.
+``startup.py`` measures a corpus of shapes the way users start them.
+
 Writes benchmarks/results/rewrite_cost.{json,md}.
 """
 import argparse

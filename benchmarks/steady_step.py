@@ -27,11 +27,14 @@ heaps many times per step
 each lowering's minor page faults per step, so that a gap that comes from the
 allocator is told apart from one that comes from the calls.
 
-Model: the ``mid`` encoder of ``benchmarks/rewrite_cost.py`` (12 layers, hidden
-384, seq 32, 12 heads, micro-batch 4, Adam), 2 stages on 1 worker x 2 virtual
-CPU devices.
+Models: the shapes of ``benchmarks/shapes.py`` (default ``mid``, the 12-layer
+encoder of ``benchmarks/rewrite_cost.py``; ``bert``, ``resnet``, ``moe``), as a
+pipeline (``pipe``: 2 stages on 1 worker x 2 virtual CPU devices, m micro-batches)
+or as 2 local replicas (``dp``, whose repeated step is lowered the same two ways; m
+sets its global batch, m micro-batches' rows).
 
     .venv/bin/python benchmarks/steady_step.py [--micro-batches 4,16,32]
+        [--shapes mid,bert,resnet,moe] [--modes pipe,dp]
         [--pairs 12] [--repeats 2] [--warmup 2] [--allocator malloc|bfc] [--merge]
 
 Writes benchmarks/results/steady_step.{json,md}. ``--merge`` keeps the rows of the
@@ -51,6 +54,7 @@ sys.path.insert(0, HERE)
 
 import common  # noqa: E402
 import paired as pairing  # noqa: E402
+import shapes as corpus  # noqa: E402
 from paired import ALLOCATORS, BFC_VARIABLE, quartiles  # noqa: E402,F401
 
 LOWERINGS = ("stage_functions", "unrolled")
@@ -61,21 +65,13 @@ def child(args):
     """Build, first step, warm-up, then one timed step per line read from stdin
     (a BENCH line each), until stdin closes."""
     import tensorflow.compat.v1 as tf
-    import epl
-    import transformer
-    from epl.cluster import Cluster
-    size = dict(transformer.SIZES["mid"], layers=12)
-    epl.init(epl.Config({"pipeline.num_micro_batch": args.micro_batches,
-                         "pipeline.micro_batching": args.lowering}),
-             cluster=Cluster(devices_per_worker=2))
-    stages = [epl.replicate(1, name="stage_%d" % s) for s in range(2)]
-    half = size["layers"] // 2
-    loss, train = transformer.build(tf, size, 4, lambda layer: stages[min(layer // half, 1)])
-    config = tf.ConfigProto(device_count={"CPU": 2})
+    import shapes
+    built = shapes.train_op(tf, args.shape, args.mode, args.lowering, args.micro_batches)
+    config = tf.ConfigProto(device_count={"CPU": built.devices})
     start = time.time()
     with tf.train.MonitoredTrainingSession(config=config) as sess:
-        sess.run(train)
-        pairing.serve_steps(sess, train, args.warmup, time.time() - start)
+        sess.run(built.train)
+        pairing.serve_steps(sess, built.train, args.warmup, time.time() - start)
 
 
 def child_env(allocator):
@@ -84,21 +80,23 @@ def child_env(allocator):
         allocator, dict(os.environ, PYTHONPATH=common.REPO, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
-def step_server(args, micro_batches, lowering):
-    argv = [sys.executable, os.path.abspath(__file__), "--child",
-            "--micro-batches-one", str(micro_batches), "--lowering", lowering,
+def step_server(args, row, lowering):
+    shape, mode, micro_batches = row
+    argv = [sys.executable, os.path.abspath(__file__), "--child", "--shape", shape,
+            "--mode", mode, "--micro-batches-one", str(micro_batches), "--lowering", lowering,
             "--warmup", str(args.warmup)]
     return pairing.StepServer(argv, child_env(args.allocator),
-                              "%s m=%d" % (lowering, micro_batches))
+                              "%s %s %s m=%d" % (shape, mode, lowering, micro_batches))
 
 
-def paired(args, micro_batches):
+def paired(args, row):
     """One process pair: {lowering: [step s]} for ``args.pairs`` rounds, order A B, B A, ..."""
     load = common.load_average()
     steps, faults, servers = pairing.run_pair(
-        [(lowering, functools.partial(step_server, args, micro_batches, lowering))
+        [(lowering, functools.partial(step_server, args, row, lowering))
          for lowering in LOWERINGS], args.pairs)
     return dict(steps=steps, faults=faults, load_before=load,
+                cpu=dict((low, server.cpu) for low, server in servers),
                 first_step=dict((low, server.first_step) for low, server in servers))
 
 
@@ -116,10 +114,13 @@ def summary(result):
     pair_ratios = [statistics.median(pair) for pair in per_pair]
     faults = dict((low, [f for pair in result["pairs"]
                          for f in pair.get("faults", {}).get(low, [])]) for low in LOWERINGS)
+    cpu = [dict(pair["cpu"]) for pair in result["pairs"] if pair.get("cpu")]
     return dict(median=dict((low, statistics.median(s)) for low, s in steps.items()),
                 ratio=statistics.median(ratios), quartiles=quartiles(ratios),
                 pair_ratios=pair_ratios, count=len(ratios),
-                faults=dict((low, statistics.median(f)) for low, f in faults.items() if f))
+                faults=dict((low, statistics.median(f)) for low, f in faults.items() if f),
+                cpu=pairing.cpu_ratio(*[[c for pair in cpu for c in pair[low]]
+                                        for low in LOWERINGS]) if cpu else None)
 
 
 def row(key, result):
@@ -128,31 +129,46 @@ def row(key, result):
     percent = lambda r: "%+.0f%%" % (round(100.0 * (r - 1)) or 0.0)  # never "-0%"
     faults = ("%.0fk / %.0fk" % tuple(s["faults"][low] / 1000.0 for low in LOWERINGS)
               if len(s["faults"]) == len(LOWERINGS) else "not recorded")
-    return [micro_batches, allocator,
-            "%.2f" % s["median"][LOWERINGS[0]], "%.2f" % s["median"][LOWERINGS[1]],
-            "%s (%s to %s)" % (percent(s["ratio"]), percent(s["quartiles"][0]),
-                               percent(s["quartiles"][1])),
-            " ".join(percent(r) for r in s["pair_ratios"]), faults, s["count"],
-            result["run"] + 1, " ".join("%.1f" % p["load_before"][0] for p in result["pairs"])]
+    return list(parse_shape(key)) + [
+        micro_batches, allocator,
+        "%.2f" % s["median"][LOWERINGS[0]], "%.2f" % s["median"][LOWERINGS[1]],
+        "%s (%s to %s)" % (percent(s["ratio"]), percent(s["quartiles"][0]),
+                           percent(s["quartiles"][1])),
+        " ".join(percent(r) for r in s["pair_ratios"]), faults, s["count"],
+        result["run"] + 1, " ".join("%.1f" % p["load_before"][0] for p in result["pairs"]),
+        "%s (%s to %s)" % (percent(s["cpu"][0]), percent(s["cpu"][1][0]),
+                           percent(s["cpu"][1][1])) if s["cpu"] else "not recorded"]
 
 
-def result_key(micro_batches, allocator):
-    """A row's key in the JSON: the micro-batch count, then ``:bfc`` under TF's
-    BFC allocator (rows of TF's default allocator keep the plain count, as
-    before the allocator was a choice)."""
-    return str(micro_batches) if allocator == "malloc" else "%d:%s" % (micro_batches, allocator)
+def result_key(micro_batches, allocator, shape="mid", mode="pipe"):
+    """A row's key in the JSON: ``<shape>/<mode>/`` (not for the mid encoder's
+    pipeline, the rows from before the corpus), the micro-batch count, then ``:bfc``
+    under TF's BFC allocator (rows of TF's default allocator keep the plain count,
+    as before the allocator was a choice)."""
+    head = "" if (shape, mode) == ("mid", "pipe") else "%s/%s/" % (shape, mode)
+    return head + (str(micro_batches) if allocator == "malloc"
+                   else "%d:%s" % (micro_batches, allocator))
 
 
 def parse_key(key):
     """(micro-batches, allocator) of a :func:`result_key`."""
-    count, _, allocator = key.partition(":")
+    count, _, allocator = key.rpartition("/")[2].partition(":")
     return int(count), allocator or "malloc"
 
 
+def parse_shape(key):
+    """(shape, mode) of a :func:`result_key`."""
+    parts = key.split("/")
+    return (parts[0], parts[1]) if len(parts) == 3 else ("mid", "pipe")
+
+
 def row_order(key):
-    """Rows by micro-batch count, TF's default allocator first."""
+    """Rows by shape (corpus order), mode, micro-batch count, TF's default allocator
+    first."""
+    shape, mode = parse_shape(key)
     count, allocator = parse_key(key)
-    return count, ALLOCATORS.index(allocator)
+    return (list(corpus.SHAPES).index(shape), mode != "pipe", count,
+            ALLOCATORS.index(allocator))
 
 
 def merged(out, results, runs):
@@ -174,8 +190,8 @@ def merged(out, results, runs):
 
 
 def markdown(results, runs):
-    lines = ["# Steady step: stage functions vs unrolled copies (mid-12 encoder, 2 stages, "
-             "1 worker x 2 virtual CPU devices)", ""]
+    lines = ["# Steady step: stage functions vs unrolled copies (shapes of benchmarks/shapes.py; "
+             "pipe = 2 stages, dp = 2 local replicas; 1 worker x 2 virtual CPU devices)", ""]
     for index, info in enumerate(runs):
         lines.append("- Run %d: `%s`; %s; EPL git %s; %s, %s CPUs; %d warm-up steps per "
                      "process" % (index + 1, info["command"], info["date"], info["git_revision"],
@@ -188,9 +204,11 @@ def markdown(results, runs):
               "CPU allocator: TF's default (malloc) or its BFC allocator "
               "(`TF_CPU_ALLOCATOR_USE_BFC=1`)", "",
               common.markdown_table(
-                  ["micro-batches", "CPU allocator", "stage functions s", "unrolled s",
+                  ["shape", "mode", "micro-batches", "CPU allocator", "stage functions s",
+                   "unrolled s",
                    "functions vs unrolled (IQR)", "per process pair", "page faults per step",
-                   "pairs of steps", "run", "1-min load before each process pair"],
+                   "pairs of steps", "run", "1-min load before each process pair",
+                   "CPU s per step, functions vs unrolled (IQR)"],
                   [row(key, results[key]) for key in sorted(results, key=row_order)])]
     return "\n".join(lines)
 
@@ -201,8 +219,13 @@ def main(argv=None):
     parser.add_argument("--micro-batches-one", type=int, dest="micro_batches_one",
                         help=argparse.SUPPRESS)
     parser.add_argument("--lowering", choices=LOWERINGS, help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", help=argparse.SUPPRESS)
     parser.add_argument("--micro-batches", type=common.csv_list(common.positive_int),
                         default=[4, 16, 32])
+    parser.add_argument("--shapes", type=common.csv_list(str), default=["mid"],
+                        help="shapes of benchmarks/shapes.py")
+    parser.add_argument("--modes", type=common.csv_list(str, ("pipe", "dp")), default=["pipe"])
     parser.add_argument("--pairs", type=common.positive_int, default=12,
                         help="steps of each lowering per process pair")
     parser.add_argument("--repeats", type=common.positive_int, default=2,
@@ -218,11 +241,13 @@ def main(argv=None):
         args.micro_batches = args.micro_batches_one
         return child(args)
     results = {}
-    for micro_batches in args.micro_batches:
-        key = result_key(micro_batches, args.allocator)
-        results[key] = dict(
-            run=0, pairs=[paired(args, micro_batches) for _ in range(args.repeats)])
-        print(row(key, results[key]), flush=True)
+    for shape in args.shapes:
+        for mode in args.modes:
+            for micro_batches in args.micro_batches:
+                key = result_key(micro_batches, args.allocator, shape, mode)
+                results[key] = dict(run=0, pairs=[paired(args, (shape, mode, micro_batches))
+                                                  for _ in range(args.repeats)])
+                print(row(key, results[key]), flush=True)
     runs = [dict(common.environment_info(sys.argv), pairs=args.pairs, warmup=args.warmup)]
     if args.merge:
         results, runs = merged(args.out, results, runs)

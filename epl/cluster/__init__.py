@@ -195,9 +195,11 @@ class Cluster(object):
         if discovery is not None and discovery.hosts is not None:
             worker_hosts, worker_index, job_name = list(discovery.hosts), discovery.index, None
         worker_index = 0 if worker_index is None else worker_index
-        self._distributed = worker_hosts is not None or ps_hosts is not None
+        named = worker_hosts is not None or ps_hosts is not None
         workers, ps = _host_list(worker_hosts, "worker_hosts"), _host_list(ps_hosts, "ps_hosts")
-        self._hosts = workers + ps if self._distributed else ["localhost"]
+        self._hosts = workers + ps if named else ["localhost"]
+        # A job of one task has no one to talk to: no server, no gRPC (see `distributed`).
+        self._distributed = len(self._hosts) > 1
         if not is_integer(worker_index):
             raise ClusterError("worker_index must be an integer, got %r" % (worker_index,))
         worker_index = _global_index(job_name, worker_index, len(workers), len(ps))
@@ -215,7 +217,7 @@ class Cluster(object):
         self._device_type = device_type or "CPU"
         self._run_visible_devices = "".join((run_visible_devices or "").split())
         self._discovery = discovery or _discovery.explicit(
-            self._hosts if self._distributed else None, self._worker_index)
+            self._hosts if named else None, self._worker_index)
 
     @classmethod
     def from_environment(cls, config, environ=None, previous=None):
@@ -328,7 +330,14 @@ class Cluster(object):
 
     @property
     def distributed(self):
-        """True when workers talk over gRPC (TF_CONFIG or explicit hosts)."""
+        """True when workers talk over gRPC: the job has two tasks or more (TF_CONFIG,
+        Slurm, MPI, torchrun or explicit hosts). A job of one task (``epl-launch
+        --num_workers 1`` writes a TF_CONFIG of one worker) runs in this process:
+        no ``tf.train.Server``, local sessions, devices named ``/job:localhost``.
+        Through a server, every session was TF's distributed master session, which
+        cannot place only each run's pruned graph and registers every partition
+        with the worker: 1.3-1.5x the CPU time of a local session to the first step
+        of a BERT-base pipeline (``benchmarks/startup.py --launcher``, docs/design.md)."""
         return self._distributed
 
     @property
@@ -378,7 +387,8 @@ class Cluster(object):
     def __repr__(self):
         return ("Cluster(workers=%d, worker_index=%d, %d %s device(s) per worker%s%s)"
                 % (self.worker_num, self._worker_index, self._devices_per_worker,
-                   self._device_type, ", hosts=%s" % self._hosts if self._distributed else "",
+                   self._device_type,
+                   ", hosts=%s" % self._hosts if self._hosts != ["localhost"] else "",
                    ", evaluator" if self.task_type == _tf_config.EVALUATOR else ""))
 
 

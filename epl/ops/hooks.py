@@ -15,7 +15,6 @@ implementation nothing is intercepted again.
 """
 import functools
 import inspect
-import sys
 
 from epl import tf_adapter
 from epl.ops import dense, experts, losses, metrics, seeds
@@ -25,17 +24,10 @@ from epl.tf_adapter import tf
 
 
 def _targets(function):
-    """Every (module, attribute) whose value is ``function``."""
-    found = []
-    for module in list(sys.modules.values()):
-        if module is None or not getattr(module, "__name__", "").startswith(
-                ("tensorflow", "tensorflow_core")):
-            continue
-        for attr in ("sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_with_logits",
-                     "argmax", "top_k", "equal", "einsum"):
-            if getattr(module, attr, None) is function:
-                found.append((module, attr))
-    return found
+    """Every (module, attribute) of TensorFlow whose value is ``function``."""
+    return tf_adapter.module_targets(
+        function, ("sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_with_logits",
+                   "argmax", "top_k", "equal", "einsum"), ("tensorflow", "tensorflow_core"))
 
 
 def _busy(tensor):

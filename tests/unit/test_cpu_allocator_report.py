@@ -61,9 +61,24 @@ def test_a_row_gives_the_ratio_of_adjacent_steps_faults_and_peak_memory():
     summary = report.summary(result)
     assert abs(summary["ratio"] - 0.8) < 1e-9 and summary["count"] == 4
     row = report.row("dp2", result)
-    assert row[:3] == ["dp2", "1.50", "1.20"]
-    assert row[3] == "-20% (-20% to -20%)"
-    assert row[4] == "92k / 0" and row[5] == "2454 / 2065" and row[6] == 4
+    assert row[:4] == ["mid", "dp2", "1.50", "1.20"]
+    assert row[4] == "-20% (-20% to -20%)"
+    assert row[5] == "92k / 0" and row[6] == "2454 / 2065" and row[7] == 4
+    assert report.row("bert/dp2", result)[:2] == ["bert", "dp2"]
+
+
+def test_rows_of_the_corpus_are_keyed_by_shape_and_merged(tmp_path):
+    import json
+    assert report.result_key("mid", "ga4") == "ga4"  # as before the corpus
+    assert report.result_key("moe", "ga4") == "moe/ga4"
+    assert sorted(["moe/plain", "pipe4", "plain", "bert/dp2"], key=report.row_order) == [
+        "plain", "pipe4", "bert/dp2", "moe/plain"]
+    old = dict(run=dict(command="old"), results={"plain": dict(steps={}), "dp2": dict(steps={})})
+    (tmp_path / "cpu_allocator.json").write_text(json.dumps(old))
+    fresh = {"plain": dict(steps={"new": 1}, run=0)}
+    results, runs = report.merged(str(tmp_path), fresh, [dict(command="new")])
+    assert results["plain"] is fresh["plain"] and results["dp2"]["run"] == 1
+    assert runs == [dict(command="new"), dict(command="old")]
 
 
 def test_a_pair_is_started_one_at_a_time_stepped_ended_and_always_stopped():
@@ -83,3 +98,13 @@ def test_a_pair_is_started_one_at_a_time_stepped_ended_and_always_stopped():
     with pytest.raises(RuntimeError):
         paired.run_pair([("a", start("A", [1])), ("b", start("B", []))], 2)
     assert log[-2:] == ["close A", "close B"]  # a child that fails stops both
+
+
+def test_cpu_seconds_per_step_are_compared_per_pair_too():
+    """Other processes stretch a step's wall time far more than its CPU time."""
+    assert paired.cpu_ratio([2.0, 4.0, 3.0], [1.0, 2.0, 1.0]) == (2.0, (2.0, 3.0))
+    assert paired.cpu_ratio([None], [1.0]) is None
+    result = dict(steps=dict(malloc=[1.0, 1.0], bfc=[0.9, 0.9]), faults=dict(malloc=[1, 1],
+                  bfc=[0, 0]), load_before=[1.0] * 3, max_rss_mb=dict(malloc=1.0, bfc=1.0),
+                  cpu=dict(malloc=[2.0, 2.0], bfc=[1.9, 1.9]))
+    assert report.row("plain", result)[9] == "-5% (-5% to -5%)"

@@ -34,9 +34,12 @@ def test_ratios_are_taken_per_pair_of_adjacent_steps():
     assert summary["count"] == 6
     assert summary["median"] == dict(stage_functions=2.2, unrolled=2.0)
     row = steady.row("16", result)
-    assert row[:2] == [16, "malloc"]
-    assert row[4] == "+10% (+10% to +10%)" and row[5] == "+10% +10%"
-    assert row[6] == "not recorded"  # rows from before faults were counted
+    assert row[:4] == ["mid", "pipe", 16, "malloc"]
+    assert row[6] == "+10% (+10% to +10%)" and row[7] == "+10% +10%"
+    assert row[8] == "not recorded"  # rows from before faults were counted
+    assert row[-1] == "not recorded"  # nor CPU seconds
+    result["pairs"][0]["cpu"] = dict(stage_functions=[2.2, 2.2], unrolled=[2.0, 2.0])
+    assert steady.row("16", result)[-1] == "+10% (+10% to +10%)"
 
 
 def test_faults_are_each_lowerings_median_per_step():
@@ -45,14 +48,19 @@ def test_faults_are_each_lowerings_median_per_step():
                                                   unrolled=[1000, 30000])),
         _pair([1.0], [1.0], faults=dict(stage_functions=[52000], unrolled=[2000]))])
     assert steady.summary(result)["faults"] == dict(stage_functions=52000, unrolled=2000)
-    assert steady.row("4:bfc", result)[:2] == [4, "bfc"]
-    assert steady.row("4:bfc", result)[6] == "52k / 2k"
+    assert steady.row("4:bfc", result)[:4] == ["mid", "pipe", 4, "bfc"]
+    assert steady.row("4:bfc", result)[8] == "52k / 2k"
 
 
-def test_rows_are_keyed_by_count_and_allocator():
+def test_rows_are_keyed_by_shape_mode_count_and_allocator():
     assert steady.result_key(32, "malloc") == "32"  # as before the allocator was a choice
     assert steady.parse_key(steady.result_key(32, "bfc")) == (32, "bfc")
     assert sorted(["4:bfc", "16", "4"], key=steady.row_order) == ["4", "4:bfc", "16"]
+    key = steady.result_key(4, "bfc", "bert", "dp")  # the corpus's other rows
+    assert key == "bert/dp/4:bfc" and steady.parse_key(key) == (4, "bfc")
+    assert steady.parse_shape(key) == ("bert", "dp") and steady.parse_shape("4") == ("mid", "pipe")
+    assert sorted([key, "bert/pipe/4", "16"], key=steady.row_order) == [
+        "16", "bert/pipe/4", key]
 
 
 def test_each_row_names_its_allocator_whatever_the_caller_set(monkeypatch):

@@ -162,7 +162,7 @@ def link_copy_initializers(ctx):
     ``global_variables_initializer``, an initializer of its own, or ``Variable.load``
     (which feeds the initial value) sets every copy. Restores still need the
     broadcast (the session layer knows which happened)."""
-    if ctx.cluster.distributed or len(ctx.copies) < 2:
+    if ctx.cluster.distributed:  # one copy: nothing to link, the user's init is all
         return False
     names = [v.name for v in _user_variables(ctx) if v.name not in ctx.sharded_variables]
     initializers = initializers_of(ctx.tf_graph, names)

@@ -10,6 +10,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import epl  # noqa: E402
+import tensorflow.compat.v1 as tf  # noqa: E402
 from eplutil import (dataset_input, initial_weights, mlp, this_workers_rows,  # noqa: E402
                      train_and_save_copies, train_step)
 
@@ -20,7 +21,10 @@ def main(out_dir, steps, batch):
     epl.set_default_strategy(epl.replicate(1))
     loss = mlp(*dataset_input(wx, wy, batch), weights=initial_weights())
     train = train_step(loss)
-    train_and_save_copies(train, steps, out_dir, epl.Env.get().cluster.worker_index)
+    index = epl.Env.get().cluster.worker_index
+    train_and_save_copies(train, steps, out_dir, index, after=lambda session: print(
+        "worker %d session target %r, server %s" % (
+            index, tf.compat.as_str(session.sess_str), epl.Env.get().server is not None)))
 
 
 if __name__ == "__main__":

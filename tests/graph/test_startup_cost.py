@@ -1,0 +1,58 @@
+"""What EPL does at start-up that a user's script pays for before its first step
+(``benchmarks/startup.py`` measures it on a corpus of shapes): ``epl.init`` imports
+nothing the script did not (in its own process, whose imports are its own); a job of
+one copy runs no extra TF run before its first step but EPL's own set-up."""
+import os
+import subprocess
+import sys
+
+import pytest
+import tensorflow.compat.v1 as tf
+
+import epl
+from epl.cluster import Cluster
+from eplutil import dataset_input, make_data, mlp, initial_weights, train_step
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NEW_MODULES = r"""
+import sys
+import tensorflow.compat.v1 as tf
+tf.disable_v2_behavior()
+import epl
+before = set(sys.modules)
+epl.init()
+print("NEW", sorted(m for m in set(sys.modules) - before if m.startswith("tensorflow.contrib")))
+"""
+
+
+@pytest.mark.skipif(not tf.version.VERSION.startswith("1."), reason="TF 2.x has no tf.contrib")
+@pytest.mark.timeout(150)
+def test_epl_init_does_not_import_tf_contrib():
+    """epl.init looks for the functions it patches in every imported module; reading
+    them with getattr loaded ``tf.contrib``, which TF 1.15 loads lazily (about 800
+    modules, 0.3-0.4 s), in every script that never used it. (On TF 2.x, epl.init
+    imports Keras, whose optimizers and models it hooks.)"""
+    environ = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run([sys.executable, "-c", NEW_MODULES], env=environ, cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         universal_newlines=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("NEW ")]
+    assert lines == ["NEW []"], out.stdout[-2000:]
+
+
+def test_one_copy_runs_only_epl_set_up_before_its_first_step():
+    """Gradient accumulation on one device keeps EPL state (a counter, accumulators) that
+    a set-up op initializes. With one copy there is nothing to broadcast after the
+    user's initializer: the first run used to check that every variable was initialized
+    and run the "broadcast" (two more TF runs, each pruning, placing and building
+    executors for its own graph); now it runs the set-up only."""
+    epl.init(epl.Config({"pipeline.num_micro_batch": 2}), cluster=Cluster(devices_per_worker=1))
+    epl.set_default_strategy(epl.replicate(1))
+    x, y = make_data(16)
+    train = train_step(mlp(*dataset_input(x, y, 4), weights=initial_weights()))
+    with tf.train.MonitoredTrainingSession() as sess:
+        sess.run(train)
+        program = epl.Graph.get().parallel
+    assert program.linked_init and program.sync_op is None and program.init_check is None
+    assert program.setup_op is not None
