@@ -3,6 +3,8 @@ import os
 
 import pytest
 
+import isolation
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TF 2.x turns on oneDNN's custom CPU ops on CPUs with AVX-512 and newer; with them the
 # first step of a ResNet pipeline with gradient checkpointing and offload never ended on
@@ -23,6 +25,19 @@ def pytest_configure(config):
     TensorFlow 2.x that call comes first; on 1.15 it changes nothing."""
     import tensorflow.compat.v1 as tf
     tf.disable_v2_behavior()
+
+
+def pytest_collection_modifyitems(items):
+    isolation.mark_isolated(items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Tests that start in-process servers run in a process of their own (tests/isolation.py)."""
+    if not isolation.isolated(item):
+        return None
+    isolation.run_isolated(item)
+    return True
 
 
 @pytest.fixture(autouse=True)
@@ -80,12 +95,12 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     import sys
     eplutil = sys.modules.get("eplutil")
-    if call.when != "teardown" or eplutil is None:
-        return
-    for name, entries in (("equivalence", eplutil.MEASURED), ("timing", eplutil.TIMINGS)):
-        new = entries[_TAKEN[name]:]
-        _TAKEN[name] = len(entries)
-        outcome.get_result().user_properties.extend((name, list(m)) for m in new)
+    if call.when == "teardown" and eplutil is not None:
+        for name, entries in (("equivalence", eplutil.MEASURED), ("timing", eplutil.TIMINGS)):
+            new = entries[_TAKEN[name]:]
+            _TAKEN[name] = len(entries)
+            outcome.get_result().user_properties.extend((name, list(m)) for m in new)
+    isolation.record_report(item.config, outcome.get_result())
 
 
 def pytest_runtest_logreport(report):

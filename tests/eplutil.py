@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 import epl
+import isolation
 from epl.cluster import Cluster
 
 tf.disable_v2_behavior()  # TF 2.x: graph mode for worker scripts too (docs/tf2.md); no-op on 1.15
@@ -335,6 +336,11 @@ def run_workers(fn, workers, devices_per_worker, config=None, timeout=120):
     not finished after ``timeout`` seconds in all (or when the test's own deadline
     comes first) fail the test with their stacks instead of blocking the suite.
     """
+    if workers > 1 and not isolation.in_isolated_process():
+        raise AssertionError(
+            "run_workers starts %d in-process tf.train.Servers, whose threads TensorFlow never "
+            "ends: run it from a test marked @pytest.mark.servers, which runs in a process of "
+            "its own (tests/isolation.py)" % workers)
     hosts = ["127.0.0.1:%d" % p for p in free_ports(workers)]
     results, errors = [None] * workers, []
 
