@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -271,15 +272,53 @@ def max_diff(reference, copies):
     return value
 
 
+# Below the Slurm tests' derived ports (port_base 20000) and the kernel's ephemeral range.
+_TEST_PORTS = (8000, 20000)
+_PORT_LOCKS = []  # lock files of the ports this process reserved, held until it exits
+
+
+def _ephemeral_low():
+    """The lowest port the kernel hands out to outgoing connections (32768 if unknown)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            return int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _reserve(port, lock_dir):
+    """Hold ``port`` for this process if no other test process holds it and it binds."""
+    import fcntl
+    handle = open(os.path.join(lock_dir, "%d.lock" % port), "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+    except OSError:
+        handle.close()
+        return False
+    _PORT_LOCKS.append(handle)
+    return True
+
+
 def free_ports(count):
-    sockets, ports = [], []
-    for _ in range(count):
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sockets.append(sock)
-        ports.append(sock.getsockname()[1])
-    for sock in sockets:
-        sock.close()
+    """Ports for in-process servers, below the kernel's ephemeral range and reserved across
+    the suite's processes by a lock file each. A port the kernel gave to one socket and took
+    back is the next outgoing connection's local port as often as not: with a gRPC client of
+    another test holding it, a server started there fails ("Could not start gRPC server") and
+    its peers wait for it until the test's deadline (seen in CI)."""
+    import random
+    lock_dir = os.path.join(tempfile.gettempdir(), "epl-test-ports")
+    os.makedirs(lock_dir, exist_ok=True)
+    top = min(_TEST_PORTS[1], _ephemeral_low())
+    ports = []
+    for port in random.sample(range(_TEST_PORTS[0], top), top - _TEST_PORTS[0]):
+        if len(ports) == count:
+            break
+        if _reserve(port, lock_dir):
+            ports.append(port)
+    if len(ports) < count:
+        raise RuntimeError("no free test ports in %d-%d" % (_TEST_PORTS[0], top))
     return ports
 
 
