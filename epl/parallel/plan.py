@@ -222,13 +222,20 @@ def make_plan(config, cluster, specs):
                 len(layout), taskgraphs, config.pipeline.num_micro_batch,
                 config.pipeline.strategy, None, colocate, worker_of, hosts, None)
     if plan.pipeline:
-        plan = plan._replace(schedule=_schedule.get_schedule(
-            plan.strategy, len(plan.stages), plan.num_micro_batch))
+        plan = plan._replace(schedule=_schedule_for(config, plan))
     if plan.pipeline or _local_replicas(plan):
         plan = plan._replace(micro_batching=choose_micro_batching(
             config.pipeline.micro_batching))
     _warn_about(plan)
     return plan
+
+
+def _schedule_for(config, plan):
+    options = {}
+    if plan.strategy == _schedule.ZERO_BUBBLE:
+        options["memory"] = config.pipeline.zero_bubble_memory
+    return _schedule.get_schedule(plan.strategy, len(plan.stages), plan.num_micro_batch,
+                                  **options)
 
 
 def choose_micro_batching(key):

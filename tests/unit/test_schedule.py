@@ -139,7 +139,7 @@ def test_action_parse_rejects_malformed_text(text):
     with pytest.raises(ScheduleError) as info:
         Action.parse(text)
     assert repr(text) in str(info.value)
-    assert "<stage><F|B><micro_batch>" in str(info.value)
+    assert "<stage><F|B|W><micro_batch>" in str(info.value)
 
 
 @pytest.mark.parametrize("value", [13, None, b"1F3"])
