@@ -16,7 +16,16 @@ activation memory per device comes from RunMetadata allocation records
 Targets (from the issue): at m=8 at least 90% of the ideal speedup; 1F1B peak
 activations at most 0.4x GPipe's.
 
+Schedules (issue 40): at each m of ``--schedule-micro-batches`` (default 4, 8, 16),
+PreferBackward, PreferForward and ZeroBubble (ZB-H1) side by side: step time, speed-up
+against the unpipelined time, the ideal speed-up of that schedule (its simulated step
+with equal F, B and W times, ``epl.strategies.schedule.timed``; a fused backward costs
+B + W), and the peak bytes per stage. Targets: ZeroBubble's step at most 0.90x
+PreferBackward's at m = 4 (theory 0.867x), and at every m at least 85% of the gain
+over PreferBackward that the simulator predicts.
+
     .venv/bin/python benchmarks/pipeline.py [--micro-batches 1,2,4,8] [--batch 64]
+    .venv/bin/python benchmarks/pipeline.py --micro-batches 1 --schedule-micro-batches 4,8,16
 
 Each configuration runs in a fresh child process with a hard timeout.
 """
@@ -35,6 +44,9 @@ import common  # noqa: E402
 STAGES = 2
 TARGET_SPEEDUP_FRACTION = 0.9
 TARGET_MEMORY_RATIO = 0.4
+SCHEDULES = ("PreferBackward", "PreferForward", "ZeroBubble")
+TARGET_ZB_STEP_AT_4 = 0.90     # ZeroBubble's step / PreferBackward's at m = 4
+TARGET_ZB_GAIN_FRACTION = 0.85  # of the gain over PreferBackward the simulator predicts
 
 
 def build_model(tf, epl, batch, width, layers, features=256):
@@ -129,10 +141,83 @@ def measure(args):
               flush=True)
     m = max(args.micro_batches)
     memory = {s: run_child(args, m, s) for s in ("PreferBackward", "PreferForward")}
-    return rows, records, memory
+    return rows, records, memory, single
 
 
-def report(args, rows, records, memory):
+def simulated(strategy, micro_batches, memory="pipeline"):
+    """(simulated step in units of one F, ideal speed-up) with equal F, B and W times."""
+    from epl.strategies.schedule import get_schedule, timed
+    options = {"memory": memory} if strategy == "ZeroBubble" else {}
+    schedule = get_schedule(strategy, STAGES, micro_batches, **options)
+    return timed.makespan(schedule), timed.ideal_speedup(schedule)
+
+
+def measure_schedules(args, single):
+    """{m: {strategy: child result with the simulator's numbers}} for the schedules."""
+    found = {}
+    for m in args.schedule_micro_batches:
+        found[m] = {}
+        for strategy in SCHEDULES:
+            result = run_child(args, m, strategy)
+            result["unpipelined_seconds"] = m * single["step_seconds"]
+            result["speedup"] = result["unpipelined_seconds"] / result["step_seconds"]
+            result["simulated_units"], result["ideal"] = simulated(strategy, m)
+            found[m][strategy] = result
+            print("m=%d %s: %.1f ms, speed-up %.2f (ideal %.2f)" % (
+                m, strategy, result["step_seconds"] * 1e3, result["speedup"],
+                result["ideal"]), flush=True)
+    return found
+
+
+def schedule_report(found):
+    """(markdown lines, targets) of the schedules' table."""
+    rows, gains, step_at_4 = [], {}, None
+    for m, by_strategy in sorted(found.items()):
+        base = by_strategy["PreferBackward"]
+        for strategy in SCHEDULES:
+            r = by_strategy[strategy]
+            rows.append([strategy, m, "%.1f" % (r["step_seconds"] * 1e3),
+                         "%.2f" % (r["step_seconds"] / base["step_seconds"]),
+                         "%.2fx" % r["speedup"], "%.2fx" % r["ideal"],
+                         "%.0f%%" % (100 * r["speedup"] / r["ideal"]),
+                         "%g / %g" % (r["simulated_units"], base["simulated_units"])]
+                        + ["%.2f" % (p / 1e6) for p in _stage_peaks(r)])
+        zb = by_strategy["ZeroBubble"]
+        predicted = 1 - zb["simulated_units"] / float(base["simulated_units"])
+        measured = 1 - zb["step_seconds"] / base["step_seconds"]
+        gains[m] = {"predicted": predicted, "measured": measured,
+                    "fraction": measured / predicted if predicted else None}
+        if m == 4:
+            step_at_4 = zb["step_seconds"] / base["step_seconds"]
+    targets = {"zero_bubble_step_at_4": None if step_at_4 is None
+               else step_at_4 <= TARGET_ZB_STEP_AT_4,
+               "zero_bubble_gain": all(g["fraction"] is not None and
+                                       g["fraction"] >= TARGET_ZB_GAIN_FRACTION
+                                       for g in gains.values())}
+    gain_rows = [[m, "%.1f%%" % (100 * g["predicted"]), "%.1f%%" % (100 * g["measured"]),
+                  "%.0f%%" % (100 * g["fraction"]) if g["fraction"] is not None else "-"]
+                 for m, g in sorted(gains.items())]
+    lines = [
+        "## Schedules: PreferBackward (1F1B), PreferForward (GPipe), ZeroBubble (ZB-H1)", "",
+        "Ideal: the schedule's simulated speed-up with equal F, B and W times (a fused "
+        "backward costs B + W); simulated: its step in units of one F, against "
+        "PreferBackward's. Peak: bytes allocated per stage in one traced step.", "",
+        common.markdown_table(["schedule", "m", "step ms", "/ PreferBackward", "speed-up",
+                               "ideal", "of ideal", "simulated", "peak stage 0 MB",
+                               "peak stage 1 MB"], rows), "",
+        common.markdown_table(["m", "predicted gain over 1F1B", "measured gain",
+                               "of predicted"], gain_rows), "",
+        "Targets: ZeroBubble's step at most %.2fx PreferBackward's at m = 4: **%s**%s; at "
+        "every m at least %d%% of the predicted gain: **%s**." % (
+            TARGET_ZB_STEP_AT_4, {None: "not measured", True: "met", False: "NOT met"}[
+                targets["zero_bubble_step_at_4"]],
+            "" if step_at_4 is None else " (%.3fx)" % step_at_4,
+            100 * TARGET_ZB_GAIN_FRACTION,
+            "met" if targets["zero_bubble_gain"] else "NOT met"), ""]
+    return lines, targets, gains
+
+
+def report(args, rows, records, memory, schedules):
     m = max(args.micro_batches)
     one_f, gpipe = _stage_peaks(memory["PreferBackward"]), _stage_peaks(memory["PreferForward"])
     ratio = [a / float(b) for a, b in zip(one_f, gpipe)]
@@ -166,10 +251,19 @@ def report(args, rows, records, memory):
                                   mem_rows), "",
         "Target: 1F1B peak at most %.1fx GPipe's: **%s** (worst stage %.2fx)." % (
             TARGET_MEMORY_RATIO, "met" if memory_ok else "NOT met", max(ratio)), ""])
+    targets = {"speedup_fraction": speed_ok, "memory_ratio": memory_ok}
+    gains = {}
+    if schedules:
+        lines, schedule_targets, gains = schedule_report(schedules)
+        markdown += "\n" + "\n".join(lines)
+        targets.update(schedule_targets)
+    if args.label:
+        markdown = markdown.replace("\n", "\n\n**%s**\n" % args.label, 1)
     settings = dict(vars(args), out=common.portable_path(args.out))
     payload = {"environment": info, "settings": settings, "speed": records,
-               "memory": memory, "memory_ratio": ratio,
-               "targets": {"speedup_fraction": speed_ok, "memory_ratio": memory_ok}}
+               "memory": memory, "memory_ratio": ratio, "targets": targets,
+               "schedules": dict((str(m), v) for m, v in schedules.items()),
+               "zero_bubble_gains": dict((str(m), v) for m, v in gains.items())}
     common.write_results(args.out, "pipeline", payload, markdown)
     print(markdown)
 
@@ -184,6 +278,12 @@ def main(argv=None):
     parser.add_argument("--layers", type=int, default=8, help="dense layers per stage")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--schedule-micro-batches",
+                        type=lambda t: [int(v) for v in t.split(",") if v],
+                        default=[4, 8, 16],
+                        help="m values of the schedules' table (empty: no table)")
+    parser.add_argument("--label", default="",
+                        help="a note printed under the title, e.g. 'measured under load'")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--strategy", default="PreferBackward", help=argparse.SUPPRESS)
@@ -193,8 +293,9 @@ def main(argv=None):
         child(args)
         return 0
     start = time.time()
-    rows, records, memory = measure(args)
-    report(args, rows, records, memory)
+    rows, records, memory, single = measure(args)
+    schedules = measure_schedules(args, single)
+    report(args, rows, records, memory, schedules)
     print("total %.0f s" % (time.time() - start))
     return 0
 
