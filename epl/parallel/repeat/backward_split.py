@@ -10,12 +10,12 @@ the repetition ask :func:`weight_ops` once and file an op under (stage, "W") ins
 any others.
 
 ``Optimizer.compute_gradients`` gates each op's gradients (``gate_gradients=GATE_OP``):
-an Identity forwards ``dx`` only after a NoOp that waits for ``dx`` and ``dW`` alike,
-which would make every B wait for its W (and deadlock a schedule that runs W later).
-:func:`ungate` takes those Identities' control inputs away. What the gate protects
-still holds: a stage's weights are updated from the sum of its gradients, which waits
-for the stage's last W, which the schedule runs after all of the stage's B actions
-(the lowering chains every stage's actions in order).
+an Identity forwards ``dx`` (and another ``dW``) only after a NoOp that waits for ``dx``
+and ``dW`` alike. For ``dx`` that would make every B wait for its W (and deadlock a
+schedule that runs W later), so :func:`ungate` takes the control input away from the
+gate Identities in B parts only. The gates of the weight gradients stay, and they are
+what the gates are for: a ref variable's read aliases its buffer, so ``dx = dy . W^T``
+must finish before W's update, which waits only for W's own (gated) gradient.
 """
 from epl import tf_adapter
 from epl.ir.phase import Phase
@@ -35,21 +35,25 @@ def _user_backward_ops(ctx):
     return found
 
 
-def ungate(ctx):
-    """Drop the gradient gates' control inputs in the user's backward (see above); the
-    gates' NoOps are then read by nothing and never run."""
+def ungate(ctx, weights):
+    """Drop the control input of the gradient gates' Identities that are not in
+    ``weights`` (see above): a B part then never waits for its W part."""
     gates = gradient_gates(list(_user_backward_ops(ctx)))
     if gates is None:
         return
     graph = ctx.tf_graph
     for name in gates.forwarded:
-        tf_adapter.remove_control_inputs(graph.get_operation_by_name(name))
+        if name not in weights:
+            tf_adapter.remove_control_inputs(graph.get_operation_by_name(name))
 
 
 def weight_ops(ctx):
     """Names of the user's backward ops in W parts: those that no backward op of another
-    stage needs, directly or through ops of their own stage."""
+    stage needs, directly or through ops of their own stage (a gradient gate's wait for
+    its NoOp does not count: :func:`ungate` drops it where it would)."""
     stage_of = _user_backward_ops(ctx)
+    gates = gradient_gates(list(stage_of))
+    gated = gates.forwarded if gates is not None else {}
     needed, stack = set(), []
     for op, stage in stage_of.items():
         readers = [c for t in op.outputs for c in t.consumers()]
@@ -62,7 +66,8 @@ def weight_ops(ctx):
             continue
         needed.add(op)
         stage = stage_of[op]
-        for producer in [t.op for t in op.inputs] + list(op.control_inputs):
+        controls = [] if op.name in gated else list(op.control_inputs)
+        for producer in [t.op for t in op.inputs] + controls:
             if stage_of.get(producer) == stage:
                 stack.append(producer)
     return frozenset(op.name for op in stage_of if op not in needed)

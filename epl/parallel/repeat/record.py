@@ -79,13 +79,13 @@ class Repetition(object):
 
     def weight_parts(self, ctx):
         """Names of the user's backward ops in W parts (none unless the backward is
-        split). Found once, after the gradient gates are dropped, before anything is
-        repeated: the clones and the calls then inherit the split."""
+        split). Found once, before anything is repeated, and the B parts' gradient
+        gates dropped: the clones and the calls then inherit the split."""
         if self._weights is None:
             self._weights = frozenset()
             if self.split_backward:
-                backward_split.ungate(ctx)
                 self._weights = backward_split.weight_ops(ctx)
+                backward_split.ungate(ctx, self._weights)
         return self._weights
 
     # ---- the lowering's side -----------------------------------------------------
