@@ -220,17 +220,27 @@ def stage_peaks(strategy, memory="pipeline", micro_batches=8, lowering="auto"):
             for s in range(2)]
 
 
+# One micro-batch's activations on a stage of stage_peaks' model: 3 layers of 256 x 256
+# float32 (the output gradients B hands to W have the same size).
+ACTIVATIONS = 3 * 256 * 256 * 4
+
+
 @pytest.mark.parametrize("lowering", ["stage_functions", "unrolled"])
 def test_peak_memory_per_stage_against_prefer_backward(lowering):
-    """ZB-H1 ("pipeline") keeps stage 0, the pipeline's peak, within 1.1x 1F1B's; its
-    stage 1 holds 2 micro-batches between F and W where 1F1B holds 1. "stage" keeps
-    every stage within 1.1x of its own 1F1B peak."""
+    """Bytes, per stage, in one traced step (m = 8). Splitting the backward keeps the
+    output gradients B computes until W reads them: one micro-batch's worth more than
+    1F1B's fused backward, which frees each as it goes. "stage" defers no W, so that is
+    all it adds; ZB-H1 ("pipeline") also holds one more micro-batch on stage 1 between
+    F and W, with the output gradients of two (measured on stage 1: 2.1x 1F1B's; stage 0
+    within 1.2x)."""
     one_f_one_b = stage_peaks("PreferBackward", lowering=lowering)
     zb_h1 = stage_peaks("ZeroBubble", lowering=lowering)
     per_stage = stage_peaks("ZeroBubble", "stage", lowering=lowering)
     print("peak bytes per stage: 1F1B %s, ZB-H1 %s, ZB per-stage %s"
           % (one_f_one_b, zb_h1, per_stage))
-    assert zb_h1[0] <= 1.1 * one_f_one_b[0], (zb_h1, one_f_one_b)
-    assert max(zb_h1) <= 1.1 * max(one_f_one_b), (zb_h1, one_f_one_b)
     for stage in range(2):
-        assert per_stage[stage] <= 1.1 * one_f_one_b[stage], (stage, per_stage, one_f_one_b)
+        assert per_stage[stage] <= one_f_one_b[stage] + 1.1 * ACTIVATIONS, (
+            stage, per_stage, one_f_one_b)
+    assert zb_h1[0] <= one_f_one_b[0] + 1.1 * ACTIVATIONS, (zb_h1, one_f_one_b)
+    assert zb_h1[1] <= one_f_one_b[1] + 3.3 * ACTIVATIONS, (zb_h1, one_f_one_b)
+    assert zb_h1[1] > per_stage[1] + 0.5 * ACTIVATIONS  # what "stage" saves is real
