@@ -226,7 +226,7 @@ def make_plan(config, cluster, specs):
     if plan.pipeline or _local_replicas(plan):
         plan = plan._replace(micro_batching=choose_micro_batching(
             config.pipeline.micro_batching))
-    _warn_about(plan)
+    _warn_about(plan, config)
     return plan
 
 
@@ -262,8 +262,13 @@ def _taskgraph_plan(index, spec, layout, cluster, worker_of):
                          _mesh.taskgraph_groups(spec.name, spec.kind, devices, worker_of))
 
 
-def _warn_about(plan):
+def _warn_about(plan, config):
     stages = len(plan.stages)
+    if config.pipeline.zero_bubble_memory != "pipeline" and \
+            plan.strategy != _schedule.ZERO_BUBBLE:
+        LOG.warning("pipeline.zero_bubble_memory=%r has no effect: it applies to "
+                    "pipeline.strategy ZeroBubble, and the strategy is %s",
+                    config.pipeline.zero_bubble_memory, plan.strategy)
     if plan.pipeline and plan.num_micro_batch < stages:
         LOG.warning("pipeline.num_micro_batch=%d is smaller than the %d pipeline stages: "
                     "some stages will idle every step; use at least %d micro-batches",

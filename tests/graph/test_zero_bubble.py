@@ -74,6 +74,35 @@ def test_data_parallel_over_pipelines(lowering):
         assert len(values[name]) == 2 and max_diff(ref[name], values[name]) < TOL, name
 
 
+def _clipped(strategy, clip_after):
+    """Weights after 2 steps with the user's global-norm clipping, which reads every
+    stage's gradients (a W part's results) before any update."""
+    tf.reset_default_graph()
+    x, y = make_data(4 * B * 3)
+    epl.init(epl.Config({"pipeline.num_micro_batch": 4, "pipeline.strategy": strategy,
+                         "communication.clip_after_allreduce": clip_after}),
+             cluster=Cluster(devices_per_worker=2))
+    loss = staged_mlp(*dataset_input(x, y, B), weights=initial_weights())
+    opt = tf.train.GradientDescentOptimizer(0.1)
+    grads, variables = zip(*opt.compute_gradients(loss))
+    grads, _ = tf.clip_by_global_norm(grads, 0.01)
+    train = opt.apply_gradients(list(zip(grads, variables)))
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for _ in range(2):
+            sess.run(train)
+        return dict((name, copy_values(sess, name)) for name in NAMES)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("clip_after", [False, True])
+def test_global_norm_clipping_matches_prefer_backward(clip_after):
+    zero_bubble = _clipped("ZeroBubble", clip_after)
+    one_f_one_b = _clipped("PreferBackward", clip_after)
+    for name in NAMES:
+        np.testing.assert_array_equal(zero_bubble[name], one_f_one_b[name], err_msg=name)
+
+
 def test_stage_memory_option_matches_serial():
     x, y, _, values = _pipeline(3, 3, 4, extra={"pipeline.zero_bubble_memory": "stage"})
     assert epl.Graph.get().parallel.schedule.stage(2)[1:3] == tuple(
@@ -244,3 +273,10 @@ def test_peak_memory_per_stage_against_prefer_backward(lowering):
     assert zb_h1[0] <= one_f_one_b[0] + 1.1 * ACTIVATIONS, (zb_h1, one_f_one_b)
     assert zb_h1[1] <= one_f_one_b[1] + 3.3 * ACTIVATIONS, (zb_h1, one_f_one_b)
     assert zb_h1[1] > per_stage[1] + 0.5 * ACTIVATIONS  # what "stage" saves is real
+
+
+def test_memory_option_without_zero_bubble_warns(caplog):
+    _pipeline(2, 2, 2, "PreferBackward", steps=1,
+              extra={"pipeline.zero_bubble_memory": "stage"})
+    assert "pipeline.zero_bubble_memory='stage' has no effect" in caplog.text
+    assert "PreferBackward" in caplog.text
