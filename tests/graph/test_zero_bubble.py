@@ -10,9 +10,8 @@ import corpusutil
 import epl
 from epl.cluster import Cluster
 from epl.parallel.repeat.backward_split import weight_ops
-from epl.profiler import device_memory_stats
 from eplutil import (MEASURED, copy_values, dataset_input, initial_weights, make_data,
-                     max_diff, serial_train, staged_mlp, train_step)
+                     max_diff, serial_train, stage_peak_bytes, staged_mlp, train_step)
 from realmodels import CORPUS, Bert, ResNet
 
 TOL = 1e-5
@@ -218,35 +217,12 @@ def test_gradient_accumulation_ignores_the_schedule():
 
 # ---- memory ------------------------------------------------------------------------------
 def stage_peaks(strategy, memory="pipeline", micro_batches=8, lowering="auto"):
-    """Peak bytes of each stage's device in one traced step of a 2-stage model whose
-    activations dwarf its weights (3 layers of 256 x 256 per stage)."""
-    tf.reset_default_graph()
-    epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches,
-                         "pipeline.strategy": strategy, "pipeline.micro_batching": lowering,
-                         "pipeline.zero_bubble_memory": memory}),
-             cluster=Cluster(devices_per_worker=2))
-    rng = np.random.RandomState(0)
-    data = tf.data.Dataset.from_tensors((rng.rand(256, 32).astype(np.float32),
-                                         rng.randint(0, 4, 256))).repeat()
-    x, y = tf.data.make_one_shot_iterator(data).get_next()
-    hidden = x
-    for stage in range(2):
-        with epl.replicate(1, name="stage_%d" % stage):
-            for layer in range(3):
-                hidden = tf.layers.dense(hidden, 256, activation=tf.nn.relu,
-                                         name="s%d_%d" % (stage, layer))
-            if stage == 1:
-                loss = tf.losses.sparse_softmax_cross_entropy(y, tf.layers.dense(hidden, 4))
-    train = tf.train.GradientDescentOptimizer(0.01).minimize(loss)
-    meta = tf.RunMetadata()
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        sess.run(train)
-        sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
-                 run_metadata=meta)
-    stats = device_memory_stats(meta)
-    return [max(m.peak_bytes for d, m in stats.items() if d.endswith("device:CPU:%d" % s))
-            for s in range(2)]
+    """Peak bytes of each stage's device in one traced step (3 layers of 256 x 256 per
+    stage: ``eplutil.stage_peak_bytes``)."""
+    return stage_peak_bytes({"pipeline.num_micro_batch": micro_batches,
+                             "pipeline.strategy": strategy,
+                             "pipeline.micro_batching": lowering,
+                             "pipeline.zero_bubble_memory": memory})
 
 
 # One micro-batch's activations on a stage of stage_peaks' model: 3 layers of 256 x 256

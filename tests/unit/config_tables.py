@@ -46,8 +46,9 @@ EXPECTED_DEFAULTS = {
 }
 KEYS = list(EXPECTED_DEFAULTS)
 EXTENSION_KEYS = ["pipeline.micro_batching", "pipeline.zero_bubble_memory", "cluster.source",
-                  "cluster.port_base", "cluster.rendezvous_timeout", "communication.sparse_reduction",
-                  "communication.timeout", "checkpoint.snapshot_steps",
+                  "cluster.port_base", "cluster.rendezvous_timeout",
+                  "communication.sparse_reduction", "communication.timeout",
+                  "checkpoint.snapshot_steps",
                   "checkpoint.snapshot_dir", "checkpoint.snapshot_keep"]
 FREE_TEXT_KEYS = ["checkpoint.snapshot_dir"]  # any text is a value: no bad value to give
 BOOL_KEYS = [k for k, v in EXPECTED_DEFAULTS.items() if isinstance(v, bool)]

@@ -76,4 +76,3 @@ def ideal_speedup(schedule, costs=UNIT):
     schedule and these costs."""
     serial = schedule.num_stages * schedule.num_micro_batch * sum(costs)
     return serial / float(makespan(schedule, costs))
-
