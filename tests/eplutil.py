@@ -458,3 +458,17 @@ def stage_peak_bytes(settings, stages=2):
             raise AssertionError("no allocation records for CPU:%d" % stage)
         peaks.append(max(found))
     return peaks
+
+
+def trace_times(sess, op_name, end="all_end_rel_micros"):
+    """({node: start micros}, {node: end micros}) of one traced run of op ``op_name``;
+    ``end`` is the NodeExecStats field the end is measured by."""
+    meta = tf.RunMetadata()
+    sess.run(sess.graph.get_operation_by_name(op_name),
+             options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE), run_metadata=meta)
+    start, finish = {}, {}
+    for device in meta.step_stats.dev_stats:
+        for node in device.node_stats:
+            start[node.node_name] = node.all_start_micros
+            finish[node.node_name] = node.all_start_micros + getattr(node, end)
+    return start, finish

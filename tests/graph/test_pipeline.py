@@ -8,7 +8,8 @@ from epl.cluster import Cluster
 from epl.ir.phase import Phase
 from epl.parallel.plan import PlanError
 from eplutil import (copy_values, dataset_input, initial_weights, make_data, max_diff, mlp,
-                     serial_train, stage_peak_bytes, staged_mlp, train_step)
+                     serial_train, stage_peak_bytes, staged_mlp, trace_times,
+                     train_step)
 
 TOL = 1e-5
 B, K = 4, 3
@@ -96,14 +97,7 @@ def test_unrolled_execution_order_follows_the_schedule():
     _, _, sess, _ = _pipeline(2, 2, 4, steps=1, config=config, lowering="unrolled")
     program = epl.Graph.get().parallel
     entrances, exits = program.boundaries[0]
-    meta = tf.RunMetadata()
-    sess.run(tf.get_default_graph().get_operation_by_name("Momentum"),
-             options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE), run_metadata=meta)
-    start, end = {}, {}
-    for device in meta.step_stats.dev_stats:
-        for node in device.node_stats:
-            start[node.node_name] = node.all_start_micros
-            end[node.node_name] = node.all_start_micros + node.op_end_rel_micros
+    start, end = trace_times(sess, "Momentum", end="op_end_rel_micros")
     crossing = _ops_reading_other_actions(epl.Graph.get())
     checked = 0
     for stage in range(2):
@@ -127,14 +121,7 @@ def test_stage_function_calls_follow_the_schedule(strategy):
     _, _, sess, _ = _pipeline(2, 2, 4, strategy, steps=1)
     program = epl.Graph.get().parallel
     entrances, exits = program.boundaries[0]
-    meta = tf.RunMetadata()
-    sess.run(tf.get_default_graph().get_operation_by_name("Momentum"),
-             options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE), run_metadata=meta)
-    start, end = {}, {}
-    for device in meta.step_stats.dev_stats:
-        for node in device.node_stats:
-            start[node.node_name] = node.all_start_micros
-            end[node.node_name] = node.all_start_micros + node.all_end_rel_micros
+    start, end = trace_times(sess, "Momentum")
     checked = 0
     for stage in range(2):
         actions = program.schedule.stage(stage)

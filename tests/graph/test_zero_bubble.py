@@ -11,7 +11,8 @@ import epl
 from epl.cluster import Cluster
 from epl.parallel.repeat.backward_split import weight_ops
 from eplutil import (MEASURED, copy_values, dataset_input, initial_weights, make_data,
-                     max_diff, serial_train, stage_peak_bytes, staged_mlp, train_step)
+                     max_diff, serial_train, stage_peak_bytes, staged_mlp, trace_times,
+                     train_step)
 from realmodels import CORPUS, Bert, ResNet
 
 TOL = 1e-5
@@ -142,14 +143,7 @@ def test_stage_function_calls_follow_the_schedule():
     _, _, sess, _ = _pipeline(2, 2, 4, lowering="stage_functions", steps=1)
     program = epl.Graph.get().parallel
     entrances, exits = program.boundaries[0]
-    meta = tf.RunMetadata()
-    sess.run(tf.get_default_graph().get_operation_by_name("Momentum"),
-             options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE), run_metadata=meta)
-    start, end = {}, {}
-    for device in meta.step_stats.dev_stats:
-        for node in device.node_stats:
-            start[node.node_name] = node.all_start_micros
-            end[node.node_name] = node.all_start_micros + node.all_end_rel_micros
+    start, end = trace_times(sess, "Momentum")
     checked, kinds = 0, set()
     for stage in range(2):
         actions = [a for a in program.schedule.stage(stage)
