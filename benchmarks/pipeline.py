@@ -44,7 +44,11 @@ import common  # noqa: E402
 STAGES = 2
 TARGET_SPEEDUP_FRACTION = 0.9
 TARGET_MEMORY_RATIO = 0.4
-SCHEDULES = ("PreferBackward", "PreferForward", "ZeroBubble")
+# (row label, pipeline.strategy, pipeline.zero_bubble_memory)
+SCHEDULES = (("PreferBackward", "PreferBackward", "pipeline"),
+             ("PreferForward", "PreferForward", "pipeline"),
+             ("ZeroBubble", "ZeroBubble", "pipeline"),
+             ("ZeroBubble, memory per stage", "ZeroBubble", "stage"))
 TARGET_ZB_STEP_AT_4 = 0.90     # ZeroBubble's step / PreferBackward's at m = 4
 TARGET_ZB_GAIN_FRACTION = 0.85  # of the gain over PreferBackward the simulator predicts
 
@@ -79,7 +83,8 @@ def child(args):
     tf.logging.set_verbosity(tf.logging.ERROR)
     m = args.child_micro_batches
     batch = args.batch
-    epl.init(epl.Config({"pipeline.num_micro_batch": m, "pipeline.strategy": args.strategy}))
+    epl.init(epl.Config({"pipeline.num_micro_batch": m, "pipeline.strategy": args.strategy,
+                         "pipeline.zero_bubble_memory": args.zero_bubble_memory}))
     _, train = build_model(tf, epl, batch, args.width, args.layers)
     config = tf.ConfigProto(intra_op_parallelism_threads=1,
                             inter_op_parallelism_threads=STAGES if m > 1 else 1)
@@ -87,24 +92,29 @@ def child(args):
         sess.run(tf.global_variables_initializer())
         for _ in range(args.warmup):
             sess.run(train)
-        start = time.time()
+        steps = []
         for _ in range(args.steps):
+            start = time.time()
             sess.run(train)
-        step = (time.time() - start) / args.steps
+            steps.append(time.time() - start)
+        step = sum(steps) / len(steps)
         meta = tf.RunMetadata()
         sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
                  run_metadata=meta)
     peaks = common.device_peaks(meta)
     print(common.bench_line({"micro_batches": m, "strategy": args.strategy,
+                             "zero_bubble_memory": args.zero_bubble_memory,
+                             "steps_seconds": steps, "min_step_seconds": min(steps),
                              "global_batch": batch * m, "step_seconds": step,
                              "peak_bytes": peaks}), flush=True)
 
 
-def run_child(args, micro_batches, strategy):
+def run_child(args, micro_batches, strategy, memory="pipeline", steps=None):
     argv = [sys.executable, os.path.abspath(__file__), "--child-micro-batches",
             str(micro_batches), "--strategy", strategy, "--batch", str(args.batch),
             "--width", str(args.width), "--layers", str(args.layers), "--steps",
-            str(args.steps), "--warmup", str(args.warmup)]
+            str(steps or args.steps), "--warmup", str(args.warmup),
+            "--zero-bubble-memory", memory]
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=args.timeout, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     lines = proc.stdout.decode(errors="replace").splitlines()
@@ -153,30 +163,34 @@ def simulated(strategy, micro_batches, memory="pipeline"):
 
 
 def measure_schedules(args, single):
-    """{m: {strategy: child result with the simulator's numbers}} for the schedules."""
+    """{m: {row label: child result with the simulator's numbers}} for the schedules.
+    Times are the fastest of ``--schedule-steps`` steps (the least disturbed by other
+    processes), against the fastest step of one unpipelined micro-batch."""
     found = {}
+    unit = min(single["steps_seconds"])
     for m in args.schedule_micro_batches:
         found[m] = {}
-        for strategy in SCHEDULES:
-            result = run_child(args, m, strategy)
-            result["unpipelined_seconds"] = m * single["step_seconds"]
+        for label, strategy, memory in SCHEDULES:
+            result = run_child(args, m, strategy, memory, steps=args.schedule_steps)
+            result["step_seconds"] = result["min_step_seconds"]
+            result["unpipelined_seconds"] = m * unit
             result["speedup"] = result["unpipelined_seconds"] / result["step_seconds"]
-            result["simulated_units"], result["ideal"] = simulated(strategy, m)
-            found[m][strategy] = result
+            result["simulated_units"], result["ideal"] = simulated(strategy, m, memory)
+            found[m][label] = result
             print("m=%d %s: %.1f ms, speed-up %.2f (ideal %.2f)" % (
-                m, strategy, result["step_seconds"] * 1e3, result["speedup"],
+                m, label, result["step_seconds"] * 1e3, result["speedup"],
                 result["ideal"]), flush=True)
     return found
 
 
-def schedule_report(found):
-    """(markdown lines, targets) of the schedules' table."""
+def schedule_report(found, steps):
+    """(markdown lines, targets, gains) of the schedules' table."""
     rows, gains, step_at_4 = [], {}, None
     for m, by_strategy in sorted(found.items()):
         base = by_strategy["PreferBackward"]
-        for strategy in SCHEDULES:
-            r = by_strategy[strategy]
-            rows.append([strategy, m, "%.1f" % (r["step_seconds"] * 1e3),
+        for label, _, _ in SCHEDULES:
+            r = by_strategy[label]
+            rows.append([label, m, "%.1f" % (r["step_seconds"] * 1e3),
                          "%.2f" % (r["step_seconds"] / base["step_seconds"]),
                          "%.2fx" % r["speedup"], "%.2fx" % r["ideal"],
                          "%.0f%%" % (100 * r["speedup"] / r["ideal"]),
@@ -199,9 +213,11 @@ def schedule_report(found):
                  for m, g in sorted(gains.items())]
     lines = [
         "## Schedules: PreferBackward (1F1B), PreferForward (GPipe), ZeroBubble (ZB-H1)", "",
-        "Ideal: the schedule's simulated speed-up with equal F, B and W times (a fused "
-        "backward costs B + W); simulated: its step in units of one F, against "
-        "PreferBackward's. Peak: bytes allocated per stage in one traced step.", "",
+        "Step: the fastest of %d steps (the least disturbed by other processes); speed-up "
+        "against m x the fastest unpipelined micro-batch. Ideal: the schedule's simulated "
+        "speed-up with equal F, B and W times (a fused backward costs B + W); simulated: "
+        "its step in units of one F, against PreferBackward's. Peak: bytes allocated per "
+        "stage in one traced step." % steps, "",
         common.markdown_table(["schedule", "m", "step ms", "/ PreferBackward", "speed-up",
                                "ideal", "of ideal", "simulated", "peak stage 0 MB",
                                "peak stage 1 MB"], rows), "",
@@ -254,7 +270,7 @@ def report(args, rows, records, memory, schedules):
     targets = {"speedup_fraction": speed_ok, "memory_ratio": memory_ok}
     gains = {}
     if schedules:
-        lines, schedule_targets, gains = schedule_report(schedules)
+        lines, schedule_targets, gains = schedule_report(schedules, args.schedule_steps)
         markdown += "\n" + "\n".join(lines)
         targets.update(schedule_targets)
     if args.label:
@@ -282,11 +298,14 @@ def main(argv=None):
                         type=lambda t: [int(v) for v in t.split(",") if v],
                         default=[4, 8, 16],
                         help="m values of the schedules' table (empty: no table)")
+    parser.add_argument("--schedule-steps", type=int, default=10,
+                        help="timed steps per schedule row (the fastest is reported)")
     parser.add_argument("--label", default="",
                         help="a note printed under the title, e.g. 'measured under load'")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--strategy", default="PreferBackward", help=argparse.SUPPRESS)
+    parser.add_argument("--zero-bubble-memory", default="pipeline", help=argparse.SUPPRESS)
     parser.add_argument("--child-micro-batches", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_micro_batches:
