@@ -32,6 +32,7 @@ Each configuration runs in a fresh child process with a hard timeout.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -40,6 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import common  # noqa: E402
+import paired as pairing  # noqa: E402
 
 STAGES = 2
 TARGET_SPEEDUP_FRACTION = 0.9
@@ -76,7 +78,8 @@ def build_model(tf, epl, batch, width, layers, features=256):
 
 
 def child(args):
-    """Measure one configuration in this process; print one BENCH line."""
+    """Measure one configuration in this process; print one BENCH line (with
+    ``--serve``: serve single steps to a paired driver, see paired.py)."""
     os.environ["EPL_NUM_VIRTUAL_DEVICES"] = str(STAGES)
     import tensorflow.compat.v1 as tf
     import epl
@@ -90,6 +93,9 @@ def child(args):
                             inter_op_parallelism_threads=STAGES if m > 1 else 1)
     with tf.Session(config=config) as sess:
         sess.run(tf.global_variables_initializer())
+        if args.serve:
+            pairing.serve_steps(sess, train, args.warmup, 0.0)
+            return
         for _ in range(args.warmup):
             sess.run(train)
         steps = []
@@ -109,12 +115,16 @@ def child(args):
                              "peak_bytes": peaks}), flush=True)
 
 
-def run_child(args, micro_batches, strategy, memory="pipeline", steps=None):
-    argv = [sys.executable, os.path.abspath(__file__), "--child-micro-batches",
+def _child_argv(args, micro_batches, strategy, memory="pipeline", steps=None):
+    return [sys.executable, os.path.abspath(__file__), "--child-micro-batches",
             str(micro_batches), "--strategy", strategy, "--batch", str(args.batch),
             "--width", str(args.width), "--layers", str(args.layers), "--steps",
             str(steps or args.steps), "--warmup", str(args.warmup),
             "--zero-bubble-memory", memory]
+
+
+def run_child(args, micro_batches, strategy, memory="pipeline", steps=None):
+    argv = _child_argv(args, micro_batches, strategy, memory, steps)
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=args.timeout, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     lines = proc.stdout.decode(errors="replace").splitlines()
@@ -183,6 +193,48 @@ def measure_schedules(args, single):
     return found
 
 
+def measure_pairs(args):
+    """{m: {row label: (median, lower quartile, upper quartile) of the ratio of its step
+    to PreferBackward's adjacent step}}: both alive at once, single steps alternated
+    (paired.py), so both sides of a ratio ran under the same machine state."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    found = {}
+    for m in args.schedule_micro_batches:
+        found[m] = {}
+        for label, strategy, memory in SCHEDULES[2:]:
+            starts = [(name, lambda s=s_, mem=mem_: pairing.StepServer(
+                _child_argv(args, m, s, mem) + ["--serve"], env, "m=%d %s" % (m, s)))
+                for name, s_, mem_ in (("base", "PreferBackward", "pipeline"),
+                                       ("other", strategy, memory))]
+            steps, _, _ = pairing.run_pair(starts, args.pairs)
+            ratios = [a / b for a, b in zip(steps["other"], steps["base"])]
+            found[m][label] = (statistics.median(ratios),) + pairing.quartiles(ratios)
+            print("m=%d %s / PreferBackward: %.3f" % (m, label, found[m][label][0]),
+                  flush=True)
+    return found
+
+
+def pairs_report(pairs, found, count):
+    """Markdown lines of the paired ratios beside the simulator's."""
+    rows = []
+    for m, by_label in sorted(pairs.items()):
+        base = found[m]["PreferBackward"]["simulated_units"] if m in found else \
+            simulated("PreferBackward", m)[0]
+        for label, strategy, memory in SCHEDULES[2:]:
+            median, low, high = by_label[label]
+            predicted = simulated(strategy, m, memory)[0] / float(base)
+            rows.append([label, m, "%.3f" % median, "%.3f-%.3f" % (low, high),
+                         "%.3f" % predicted,
+                         "%.0f%%" % (100 * (1 - median) / (1 - predicted))])
+    return ["## ZeroBubble against PreferBackward, paired steps", "",
+            "Both schedules alive as two processes, single steps alternated (A B B A ...), "
+            "%d pairs; the median ratio of adjacent steps, robust to the machine's load, "
+            "against the simulator's ratio with equal F, B and W." % count, "",
+            common.markdown_table(["schedule", "m", "step / PreferBackward (median)",
+                                   "quartiles", "simulated", "of predicted gain"], rows),
+            ""]
+
+
 def schedule_report(found, steps):
     """(markdown lines, targets, gains) of the schedules' table."""
     rows, gains, step_at_4 = [], {}, None
@@ -233,7 +285,7 @@ def schedule_report(found, steps):
     return lines, targets, gains
 
 
-def report(args, rows, records, memory, schedules):
+def report(args, rows, records, memory, schedules, pairs):
     m = max(args.micro_batches)
     one_f, gpipe = _stage_peaks(memory["PreferBackward"]), _stage_peaks(memory["PreferForward"])
     ratio = [a / float(b) for a, b in zip(one_f, gpipe)]
@@ -273,13 +325,16 @@ def report(args, rows, records, memory, schedules):
         lines, schedule_targets, gains = schedule_report(schedules, args.schedule_steps)
         markdown += "\n" + "\n".join(lines)
         targets.update(schedule_targets)
+    if pairs:
+        markdown += "\n" + "\n".join(pairs_report(pairs, schedules, args.pairs))
     if args.label:
         markdown = markdown.replace("\n", "\n\n**%s**\n" % args.label, 1)
     settings = dict(vars(args), out=common.portable_path(args.out))
     payload = {"environment": info, "settings": settings, "speed": records,
                "memory": memory, "memory_ratio": ratio, "targets": targets,
                "schedules": dict((str(m), v) for m, v in schedules.items()),
-               "zero_bubble_gains": dict((str(m), v) for m, v in gains.items())}
+               "zero_bubble_gains": dict((str(m), v) for m, v in gains.items()),
+               "paired_ratios": dict((str(m), v) for m, v in pairs.items())}
     common.write_results(args.out, "pipeline", payload, markdown)
     print(markdown)
 
@@ -298,6 +353,9 @@ def main(argv=None):
                         type=lambda t: [int(v) for v in t.split(",") if v],
                         default=[4, 8, 16],
                         help="m values of the schedules' table (empty: no table)")
+    parser.add_argument("--pairs", type=int, default=16,
+                        help="paired steps per ZeroBubble row against PreferBackward (0: none)")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--schedule-steps", type=int, default=10,
                         help="timed steps per schedule row (the fastest is reported)")
     parser.add_argument("--label", default="",
@@ -314,7 +372,8 @@ def main(argv=None):
     start = time.time()
     rows, records, memory, single = measure(args)
     schedules = measure_schedules(args, single)
-    report(args, rows, records, memory, schedules)
+    pairs = measure_pairs(args) if args.pairs else {}
+    report(args, rows, records, memory, schedules, pairs)
     print("total %.0f s" % (time.time() - start))
     return 0
 
