@@ -16,13 +16,23 @@ activation memory per device comes from RunMetadata allocation records
 Targets (from the issue): at m=8 at least 90% of the ideal speedup; 1F1B peak
 activations at most 0.4x GPipe's.
 
+Schedules (issue 40): at each m of ``--schedule-micro-batches`` (default 4, 8, 16),
+PreferBackward, PreferForward and ZeroBubble (ZB-H1) side by side: step time, speed-up
+against the unpipelined time, the ideal speed-up of that schedule (its simulated step
+with equal F, B and W times, ``epl.strategies.schedule.timed``; a fused backward costs
+B + W), and the peak bytes per stage. Targets: ZeroBubble's step at most 0.90x
+PreferBackward's at m = 4 (theory 0.867x), and at every m at least 85% of the gain
+over PreferBackward that the simulator predicts.
+
     .venv/bin/python benchmarks/pipeline.py [--micro-batches 1,2,4,8] [--batch 64]
+    .venv/bin/python benchmarks/pipeline.py --micro-batches 1 --schedule-micro-batches 4,8,16
 
 Each configuration runs in a fresh child process with a hard timeout.
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -31,10 +41,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import common  # noqa: E402
+import paired as pairing  # noqa: E402
 
 STAGES = 2
 TARGET_SPEEDUP_FRACTION = 0.9
 TARGET_MEMORY_RATIO = 0.4
+# (row label, pipeline.strategy, pipeline.zero_bubble_memory)
+SCHEDULES = (("PreferBackward", "PreferBackward", "pipeline"),
+             ("PreferForward", "PreferForward", "pipeline"),
+             ("ZeroBubble", "ZeroBubble", "pipeline"),
+             ("ZeroBubble, memory per stage", "ZeroBubble", "stage"))
+TARGET_ZB_STEP_AT_4 = 0.90     # ZeroBubble's step / PreferBackward's at m = 4
+TARGET_ZB_GAIN_FRACTION = 0.85  # of the gain over PreferBackward the simulator predicts
 
 
 def build_model(tf, epl, batch, width, layers, features=256):
@@ -60,39 +78,53 @@ def build_model(tf, epl, batch, width, layers, features=256):
 
 
 def child(args):
-    """Measure one configuration in this process; print one BENCH line."""
+    """Measure one configuration in this process; print one BENCH line (with
+    ``--serve``: serve single steps to a paired driver, see paired.py)."""
     os.environ["EPL_NUM_VIRTUAL_DEVICES"] = str(STAGES)
     import tensorflow.compat.v1 as tf
     import epl
     tf.logging.set_verbosity(tf.logging.ERROR)
     m = args.child_micro_batches
     batch = args.batch
-    epl.init(epl.Config({"pipeline.num_micro_batch": m, "pipeline.strategy": args.strategy}))
+    epl.init(epl.Config({"pipeline.num_micro_batch": m, "pipeline.strategy": args.strategy,
+                         "pipeline.zero_bubble_memory": args.zero_bubble_memory}))
     _, train = build_model(tf, epl, batch, args.width, args.layers)
     config = tf.ConfigProto(intra_op_parallelism_threads=1,
                             inter_op_parallelism_threads=STAGES if m > 1 else 1)
     with tf.Session(config=config) as sess:
         sess.run(tf.global_variables_initializer())
+        if args.serve:
+            pairing.serve_steps(sess, train, args.warmup, 0.0)
+            return
         for _ in range(args.warmup):
             sess.run(train)
-        start = time.time()
+        steps = []
         for _ in range(args.steps):
+            start = time.time()
             sess.run(train)
-        step = (time.time() - start) / args.steps
+            steps.append(time.time() - start)
+        step = sum(steps) / len(steps)
         meta = tf.RunMetadata()
         sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
                  run_metadata=meta)
     peaks = common.device_peaks(meta)
     print(common.bench_line({"micro_batches": m, "strategy": args.strategy,
+                             "zero_bubble_memory": args.zero_bubble_memory,
+                             "steps_seconds": steps, "min_step_seconds": min(steps),
                              "global_batch": batch * m, "step_seconds": step,
                              "peak_bytes": peaks}), flush=True)
 
 
-def run_child(args, micro_batches, strategy):
-    argv = [sys.executable, os.path.abspath(__file__), "--child-micro-batches",
+def _child_argv(args, micro_batches, strategy, memory="pipeline", steps=None):
+    return [sys.executable, os.path.abspath(__file__), "--child-micro-batches",
             str(micro_batches), "--strategy", strategy, "--batch", str(args.batch),
             "--width", str(args.width), "--layers", str(args.layers), "--steps",
-            str(args.steps), "--warmup", str(args.warmup)]
+            str(steps or args.steps), "--warmup", str(args.warmup),
+            "--zero-bubble-memory", memory]
+
+
+def run_child(args, micro_batches, strategy, memory="pipeline", steps=None):
+    argv = _child_argv(args, micro_batches, strategy, memory, steps)
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=args.timeout, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     lines = proc.stdout.decode(errors="replace").splitlines()
@@ -129,10 +161,131 @@ def measure(args):
               flush=True)
     m = max(args.micro_batches)
     memory = {s: run_child(args, m, s) for s in ("PreferBackward", "PreferForward")}
-    return rows, records, memory
+    return rows, records, memory, single
 
 
-def report(args, rows, records, memory):
+def simulated(strategy, micro_batches, memory="pipeline"):
+    """(simulated step in units of one F, ideal speed-up) with equal F, B and W times."""
+    from epl.strategies.schedule import get_schedule, timed
+    options = {"memory": memory} if strategy == "ZeroBubble" else {}
+    schedule = get_schedule(strategy, STAGES, micro_batches, **options)
+    return timed.makespan(schedule), timed.ideal_speedup(schedule)
+
+
+def measure_schedules(args, single):
+    """{m: {row label: child result with the simulator's numbers}} for the schedules.
+    Times are the fastest of ``--schedule-steps`` steps (the least disturbed by other
+    processes), against the fastest step of one unpipelined micro-batch."""
+    found = {}
+    unit = min(single["steps_seconds"])
+    for m in args.schedule_micro_batches:
+        found[m] = {}
+        for label, strategy, memory in SCHEDULES:
+            result = run_child(args, m, strategy, memory, steps=args.schedule_steps)
+            result["step_seconds"] = result["min_step_seconds"]
+            result["unpipelined_seconds"] = m * unit
+            result["speedup"] = result["unpipelined_seconds"] / result["step_seconds"]
+            result["simulated_units"], result["ideal"] = simulated(strategy, m, memory)
+            found[m][label] = result
+            print("m=%d %s: %.1f ms, speed-up %.2f (ideal %.2f)" % (
+                m, label, result["step_seconds"] * 1e3, result["speedup"],
+                result["ideal"]), flush=True)
+    return found
+
+
+def measure_pairs(args):
+    """{m: {row label: (median, lower quartile, upper quartile) of the ratio of its step
+    to PreferBackward's adjacent step}}: both alive at once, single steps alternated
+    (paired.py), so both sides of a ratio ran under the same machine state."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    found = {}
+    for m in args.schedule_micro_batches:
+        found[m] = {}
+        for label, strategy, memory in SCHEDULES[2:]:
+            starts = [(name, lambda s=s_, mem=mem_: pairing.StepServer(
+                _child_argv(args, m, s, mem) + ["--serve"], env, "m=%d %s" % (m, s)))
+                for name, s_, mem_ in (("base", "PreferBackward", "pipeline"),
+                                       ("other", strategy, memory))]
+            steps, _, _ = pairing.run_pair(starts, args.pairs)
+            ratios = [a / b for a, b in zip(steps["other"], steps["base"])]
+            found[m][label] = (statistics.median(ratios),) + pairing.quartiles(ratios)
+            print("m=%d %s / PreferBackward: %.3f" % (m, label, found[m][label][0]),
+                  flush=True)
+    return found
+
+
+def pairs_report(pairs, found, count):
+    """Markdown lines of the paired ratios beside the simulator's."""
+    rows = []
+    for m, by_label in sorted(pairs.items()):
+        base = found[m]["PreferBackward"]["simulated_units"] if m in found else \
+            simulated("PreferBackward", m)[0]
+        for label, strategy, memory in SCHEDULES[2:]:
+            median, low, high = by_label[label]
+            predicted = simulated(strategy, m, memory)[0] / float(base)
+            rows.append([label, m, "%.3f" % median, "%.3f-%.3f" % (low, high),
+                         "%.3f" % predicted,
+                         "%.0f%%" % (100 * (1 - median) / (1 - predicted))])
+    return ["## ZeroBubble against PreferBackward, paired steps", "",
+            "Both schedules alive as two processes, single steps alternated (A B B A ...), "
+            "%d pairs; the median ratio of adjacent steps, robust to the machine's load, "
+            "against the simulator's ratio with equal F, B and W." % count, "",
+            common.markdown_table(["schedule", "m", "step / PreferBackward (median)",
+                                   "quartiles", "simulated", "of predicted gain"], rows),
+            ""]
+
+
+def schedule_report(found, steps):
+    """(markdown lines, targets, gains) of the schedules' table."""
+    rows, gains, step_at_4 = [], {}, None
+    for m, by_strategy in sorted(found.items()):
+        base = by_strategy["PreferBackward"]
+        for label, _, _ in SCHEDULES:
+            r = by_strategy[label]
+            rows.append([label, m, "%.1f" % (r["step_seconds"] * 1e3),
+                         "%.2f" % (r["step_seconds"] / base["step_seconds"]),
+                         "%.2fx" % r["speedup"], "%.2fx" % r["ideal"],
+                         "%.0f%%" % (100 * r["speedup"] / r["ideal"]),
+                         "%g / %g" % (r["simulated_units"], base["simulated_units"])]
+                        + ["%.2f" % (p / 1e6) for p in _stage_peaks(r)])
+        zb = by_strategy["ZeroBubble"]
+        predicted = 1 - zb["simulated_units"] / float(base["simulated_units"])
+        measured = 1 - zb["step_seconds"] / base["step_seconds"]
+        gains[m] = {"predicted": predicted, "measured": measured,
+                    "fraction": measured / predicted if predicted else None}
+        if m == 4:
+            step_at_4 = zb["step_seconds"] / base["step_seconds"]
+    targets = {"zero_bubble_step_at_4": None if step_at_4 is None
+               else step_at_4 <= TARGET_ZB_STEP_AT_4,
+               "zero_bubble_gain": all(g["fraction"] is not None and
+                                       g["fraction"] >= TARGET_ZB_GAIN_FRACTION
+                                       for g in gains.values())}
+    gain_rows = [[m, "%.1f%%" % (100 * g["predicted"]), "%.1f%%" % (100 * g["measured"]),
+                  "%.0f%%" % (100 * g["fraction"]) if g["fraction"] is not None else "-"]
+                 for m, g in sorted(gains.items())]
+    lines = [
+        "## Schedules: PreferBackward (1F1B), PreferForward (GPipe), ZeroBubble (ZB-H1)", "",
+        "Step: the fastest of %d steps (the least disturbed by other processes); speed-up "
+        "against m x the fastest unpipelined micro-batch. Ideal: the schedule's simulated "
+        "speed-up with equal F, B and W times (a fused backward costs B + W); simulated: "
+        "its step in units of one F, against PreferBackward's. Peak: bytes allocated per "
+        "stage in one traced step." % steps, "",
+        common.markdown_table(["schedule", "m", "step ms", "/ PreferBackward", "speed-up",
+                               "ideal", "of ideal", "simulated", "peak stage 0 MB",
+                               "peak stage 1 MB"], rows), "",
+        common.markdown_table(["m", "predicted gain over 1F1B", "measured gain",
+                               "of predicted"], gain_rows), "",
+        "Targets: ZeroBubble's step at most %.2fx PreferBackward's at m = 4: **%s**%s; at "
+        "every m at least %d%% of the predicted gain: **%s**." % (
+            TARGET_ZB_STEP_AT_4, {None: "not measured", True: "met", False: "NOT met"}[
+                targets["zero_bubble_step_at_4"]],
+            "" if step_at_4 is None else " (%.3fx)" % step_at_4,
+            100 * TARGET_ZB_GAIN_FRACTION,
+            "met" if targets["zero_bubble_gain"] else "NOT met"), ""]
+    return lines, targets, gains
+
+
+def report(args, rows, records, memory, schedules, pairs):
     m = max(args.micro_batches)
     one_f, gpipe = _stage_peaks(memory["PreferBackward"]), _stage_peaks(memory["PreferForward"])
     ratio = [a / float(b) for a, b in zip(one_f, gpipe)]
@@ -166,10 +319,22 @@ def report(args, rows, records, memory):
                                   mem_rows), "",
         "Target: 1F1B peak at most %.1fx GPipe's: **%s** (worst stage %.2fx)." % (
             TARGET_MEMORY_RATIO, "met" if memory_ok else "NOT met", max(ratio)), ""])
+    targets = {"speedup_fraction": speed_ok, "memory_ratio": memory_ok}
+    gains = {}
+    if schedules:
+        lines, schedule_targets, gains = schedule_report(schedules, args.schedule_steps)
+        markdown += "\n" + "\n".join(lines)
+        targets.update(schedule_targets)
+    if pairs:
+        markdown += "\n" + "\n".join(pairs_report(pairs, schedules, args.pairs))
+    if args.label:
+        markdown = markdown.replace("\n", "\n\n**%s**\n" % args.label, 1)
     settings = dict(vars(args), out=common.portable_path(args.out))
     payload = {"environment": info, "settings": settings, "speed": records,
-               "memory": memory, "memory_ratio": ratio,
-               "targets": {"speedup_fraction": speed_ok, "memory_ratio": memory_ok}}
+               "memory": memory, "memory_ratio": ratio, "targets": targets,
+               "schedules": dict((str(m), v) for m, v in schedules.items()),
+               "zero_bubble_gains": dict((str(m), v) for m, v in gains.items()),
+               "paired_ratios": dict((str(m), v) for m, v in pairs.items())}
     common.write_results(args.out, "pipeline", payload, markdown)
     print(markdown)
 
@@ -184,17 +349,31 @@ def main(argv=None):
     parser.add_argument("--layers", type=int, default=8, help="dense layers per stage")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--schedule-micro-batches",
+                        type=lambda t: [int(v) for v in t.split(",") if v],
+                        default=[4, 8, 16],
+                        help="m values of the schedules' table (empty: no table)")
+    parser.add_argument("--pairs", type=int, default=16,
+                        help="paired steps per ZeroBubble row against PreferBackward (0: none)")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--schedule-steps", type=int, default=10,
+                        help="timed steps per schedule row (the fastest is reported)")
+    parser.add_argument("--label", default="",
+                        help="a note printed under the title, e.g. 'measured under load'")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--strategy", default="PreferBackward", help=argparse.SUPPRESS)
+    parser.add_argument("--zero-bubble-memory", default="pipeline", help=argparse.SUPPRESS)
     parser.add_argument("--child-micro-batches", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_micro_batches:
         child(args)
         return 0
     start = time.time()
-    rows, records, memory = measure(args)
-    report(args, rows, records, memory)
+    rows, records, memory, single = measure(args)
+    schedules = measure_schedules(args, single)
+    pairs = measure_pairs(args) if args.pairs else {}
+    report(args, rows, records, memory, schedules, pairs)
     print("total %.0f s" % (time.time() - start))
     return 0
 

@@ -85,9 +85,11 @@ FIELDS = (
     _F("pipeline", "num_stages", Kind.OPTIONAL_INT, None, minimum=1,
        doc="Number of pipeline stages; used only with auto.auto_parallel."),
     _F("pipeline", "strategy", Kind.STR, "PreferBackward",
-       choices=("PreferBackward", "PreferForward"),
+       choices=("PreferBackward", "PreferForward", "ZeroBubble"),
        doc="Pipeline schedule: PreferBackward is 1F1B (PipeDream-flush-like), "
-           "PreferForward is GPipe-like."),
+           "PreferForward is GPipe-like; ZeroBubble (an EPL extension value) is ZB-H1: each "
+           "stage's backward split into input gradients (B) and weight gradients (W), W "
+           "moved into 1F1B's bubbles."),
     _F("pipeline", "micro_batching", Kind.STR, "auto",
        choices=("auto", "stage_functions", "unrolled"), extension=True,
        doc="EPL extension: how the step is repeated per micro-batch of a pipeline and per "
@@ -96,6 +98,12 @@ FIELDS = (
            "num_micro_batch; what a function cannot hold, such as TF1 control flow and "
            "split layers' collectives, stays ops of each repetition); \"unrolled\" copies "
            "the stage graph per repetition; \"auto\" is \"stage_functions\"."),
+    _F("pipeline", "zero_bubble_memory", Kind.STR, "pipeline", choices=("pipeline", "stage"),
+       extension=True,
+       doc="EPL extension, for pipeline.strategy ZeroBubble: \"pipeline\" (ZB-H1) keeps "
+           "the pipeline's peak activations at 1F1B's (stage 0's) while later stages defer "
+           "W and hold up to num_stages micro-batches; \"stage\" keeps every stage at its "
+           "own 1F1B peak and gives up part of the gain."),
     _F("gradient_checkpoint", "type", Kind.STR, "", choices=("", "collection", "auto"),
        doc='Gradient checkpointing: "" is off, "collection" uses the tensors in the tf '
            'collection "checkpoints", "auto" selects them automatically.'),

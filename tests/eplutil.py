@@ -461,3 +461,53 @@ def user_examples(tmp_path_factory):
     if TF1:
         return source
     return compat_v1_copy(source, str(tmp_path_factory.mktemp("compat_v1") / "examples"))
+
+
+def stage_peak_bytes(settings, stages=2):
+    """Peak bytes allocated on each stage's device (stage order) in one traced step
+    (activations and temporaries) of a pipeline of ``stages`` stages of 3 dense layers
+    of 256 x 256 whose activations dwarf its weights, under config ``settings``."""
+    from epl.profiler import device_memory_stats
+    tf.reset_default_graph()
+    epl.init(epl.Config(settings), cluster=Cluster(devices_per_worker=stages))
+    rng = np.random.RandomState(0)
+    data = tf.data.Dataset.from_tensors((rng.rand(256, 32).astype(np.float32),
+                                         rng.randint(0, 4, 256))).repeat()
+    x, y = tf.data.make_one_shot_iterator(data).get_next()
+    hidden = x
+    for stage in range(stages):
+        with epl.replicate(1, name="stage_%d" % stage):
+            for layer in range(3):
+                hidden = tf.layers.dense(hidden, 256, activation=tf.nn.relu,
+                                         name="s%d_%d" % (stage, layer))
+            if stage == stages - 1:
+                loss = tf.losses.sparse_softmax_cross_entropy(y, tf.layers.dense(hidden, 4))
+    train = tf.train.GradientDescentOptimizer(0.01).minimize(loss)
+    meta = tf.RunMetadata()
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(train)
+        sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+                 run_metadata=meta)
+    stats = device_memory_stats(meta)
+    peaks = []
+    for stage in range(stages):
+        found = [m.peak_bytes for d, m in stats.items() if d.endswith("device:CPU:%d" % stage)]
+        if not found:
+            raise AssertionError("no allocation records for CPU:%d" % stage)
+        peaks.append(max(found))
+    return peaks
+
+
+def trace_times(sess, op_name, end="all_end_rel_micros"):
+    """({node: start micros}, {node: end micros}) of one traced run of op ``op_name``;
+    ``end`` is the NodeExecStats field the end is measured by."""
+    meta = tf.RunMetadata()
+    sess.run(sess.graph.get_operation_by_name(op_name),
+             options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE), run_metadata=meta)
+    start, finish = {}, {}
+    for device in meta.step_stats.dev_stats:
+        for node in device.node_stats:
+            start[node.node_name] = node.all_start_micros
+            finish[node.node_name] = node.all_start_micros + getattr(node, end)
+    return start, finish

@@ -222,13 +222,20 @@ def make_plan(config, cluster, specs):
                 len(layout), taskgraphs, config.pipeline.num_micro_batch,
                 config.pipeline.strategy, None, colocate, worker_of, hosts, None)
     if plan.pipeline:
-        plan = plan._replace(schedule=_schedule.get_schedule(
-            plan.strategy, len(plan.stages), plan.num_micro_batch))
+        plan = plan._replace(schedule=_schedule_for(config, plan))
     if plan.pipeline or _local_replicas(plan):
         plan = plan._replace(micro_batching=choose_micro_batching(
             config.pipeline.micro_batching))
-    _warn_about(plan)
+    _warn_about(plan, config)
     return plan
+
+
+def _schedule_for(config, plan):
+    options = {}
+    if plan.strategy == _schedule.ZERO_BUBBLE:
+        options["memory"] = config.pipeline.zero_bubble_memory
+    return _schedule.get_schedule(plan.strategy, len(plan.stages), plan.num_micro_batch,
+                                  **options)
 
 
 def choose_micro_batching(key):
@@ -255,8 +262,13 @@ def _taskgraph_plan(index, spec, layout, cluster, worker_of):
                          _mesh.taskgraph_groups(spec.name, spec.kind, devices, worker_of))
 
 
-def _warn_about(plan):
+def _warn_about(plan, config):
     stages = len(plan.stages)
+    if config.pipeline.zero_bubble_memory != "pipeline" and \
+            plan.strategy != _schedule.ZERO_BUBBLE:
+        LOG.warning("pipeline.zero_bubble_memory=%r has no effect: it applies to "
+                    "pipeline.strategy ZeroBubble, and the strategy is %s",
+                    config.pipeline.zero_bubble_memory, plan.strategy)
     if plan.pipeline and plan.num_micro_batch < stages:
         LOG.warning("pipeline.num_micro_batch=%d is smaller than the %d pipeline stages: "
                     "some stages will idle every step; use at least %d micro-batches",

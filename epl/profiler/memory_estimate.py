@@ -30,6 +30,8 @@ Example::
 """
 import collections
 
+from epl.strategies.schedule import peak_in_flight
+
 _ALIASES = frozenset(["Identity", "Reshape", "ExpandDims", "Squeeze", "Snapshot", "StopGradient",
                       "RefIdentity", "ReadVariableOp"])
 _VARIABLES = frozenset(["VariableV2", "Variable", "VarHandleOp", "Const", "VariableShape"])
@@ -138,6 +140,8 @@ def in_flight(plan, stage):
     runs one micro-batch per session run)."""
     if not plan.pipeline:
         return 1
+    if plan.schedule is not None:  # counts F to W when the backward is split (ZeroBubble)
+        return peak_in_flight(plan.schedule)[stage]
     if plan.strategy == "PreferForward":
         return plan.num_micro_batch
     return min(plan.num_micro_batch, len(plan.stages) - stage)

@@ -7,9 +7,9 @@ import epl
 from epl.cluster import Cluster
 from epl.ir.phase import Phase
 from epl.parallel.plan import PlanError
-from epl.profiler import device_memory_stats
 from eplutil import (copy_values, dataset_input, initial_weights, make_data, max_diff, mlp,
-                     serial_train, staged_mlp, train_step)
+                     serial_train, stage_peak_bytes, staged_mlp, trace_times,
+                     train_step)
 
 TOL = 1e-5
 B, K = 4, 3
@@ -97,14 +97,7 @@ def test_unrolled_execution_order_follows_the_schedule():
     _, _, sess, _ = _pipeline(2, 2, 4, steps=1, config=config, lowering="unrolled")
     program = epl.Graph.get().parallel
     entrances, exits = program.boundaries[0]
-    meta = tf.RunMetadata()
-    sess.run(tf.get_default_graph().get_operation_by_name("Momentum"),
-             options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE), run_metadata=meta)
-    start, end = {}, {}
-    for device in meta.step_stats.dev_stats:
-        for node in device.node_stats:
-            start[node.node_name] = node.all_start_micros
-            end[node.node_name] = node.all_start_micros + node.op_end_rel_micros
+    start, end = trace_times(sess, "Momentum", end="op_end_rel_micros")
     crossing = _ops_reading_other_actions(epl.Graph.get())
     checked = 0
     for stage in range(2):
@@ -128,14 +121,7 @@ def test_stage_function_calls_follow_the_schedule(strategy):
     _, _, sess, _ = _pipeline(2, 2, 4, strategy, steps=1)
     program = epl.Graph.get().parallel
     entrances, exits = program.boundaries[0]
-    meta = tf.RunMetadata()
-    sess.run(tf.get_default_graph().get_operation_by_name("Momentum"),
-             options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE), run_metadata=meta)
-    start, end = {}, {}
-    for device in meta.step_stats.dev_stats:
-        for node in device.node_stats:
-            start[node.node_name] = node.all_start_micros
-            end[node.node_name] = node.all_start_micros + node.all_end_rel_micros
+    start, end = trace_times(sess, "Momentum")
     checked = 0
     for stage in range(2):
         actions = program.schedule.stage(stage)
@@ -243,36 +229,10 @@ def test_gradient_accumulation_matches_serial(devices):
 
 
 def _peak_activation_bytes(strategy, lowering, micro_batches=8):
-    """Peak bytes allocated on stage 0's device in one traced step (activations and
-    temporaries) of a 2-stage model whose activations dwarf its weights."""
-    tf.reset_default_graph()
-    epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches,
-                         "pipeline.strategy": strategy,
-                         "pipeline.micro_batching": lowering}),
-             cluster=Cluster(devices_per_worker=2))
-    rng = np.random.RandomState(0)
-    data = tf.data.Dataset.from_tensors((rng.rand(256, 32).astype(np.float32),
-                                         rng.randint(0, 4, 256))).repeat()
-    x, y = tf.data.make_one_shot_iterator(data).get_next()
-    hidden = x
-    for stage in range(2):
-        with epl.replicate(1, name="stage_%d" % stage):
-            for layer in range(3):
-                hidden = tf.layers.dense(hidden, 256, activation=tf.nn.relu,
-                                         name="s%d_%d" % (stage, layer))
-            if stage == 1:
-                loss = tf.losses.sparse_softmax_cross_entropy(y, tf.layers.dense(hidden, 4))
-    train = tf.train.GradientDescentOptimizer(0.01).minimize(loss)
-    meta = tf.RunMetadata()
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        sess.run(train)
-        sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
-                 run_metadata=meta)
-    for device, memory in device_memory_stats(meta).items():
-        if device.endswith("device:CPU:0"):
-            return memory.peak_bytes
-    raise AssertionError("no allocation records for CPU:0")
+    """Peak bytes allocated on stage 0's device in one traced step."""
+    return stage_peak_bytes({"pipeline.num_micro_batch": micro_batches,
+                             "pipeline.strategy": strategy,
+                             "pipeline.micro_batching": lowering})[0]
 
 
 @pytest.mark.parametrize("lowering", ["stage_functions", "unrolled"])

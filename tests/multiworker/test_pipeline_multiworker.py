@@ -16,11 +16,12 @@ B, M, STEPS = 4, 4, 2
 
 
 @pytest.mark.timeout(180)
-def test_dp_over_pipelines_on_two_workers_with_two_devices():
+@pytest.mark.parametrize("strategy", ["PreferBackward", "ZeroBubble"])
+def test_dp_over_pipelines_on_two_workers_with_two_devices(strategy):
     workers, global_batch = 2, 2 * M * B
     x, y = make_data(global_batch * STEPS)
     _, reference = serial_train(x, y, global_batch, STEPS)
-    config = epl.Config({"pipeline.num_micro_batch": M})
+    config = epl.Config({"pipeline.num_micro_batch": M, "pipeline.strategy": strategy})
 
     def worker(index):
         wx = worker_rows(x, STEPS, workers, M * B, index)
@@ -52,6 +53,7 @@ def _launch(tmp_path, workers, devices, strategy, copies, intra):
 @pytest.mark.parametrize("workers,devices,copies,intra,strategy", [
     (2, 1, (1, 0), True, "PreferBackward"),
     (2, 2, (2, 0), False, "PreferForward"),
+    (2, 1, (1, 0), True, "ZeroBubble"),
 ])
 def test_pipeline_spanning_workers(tmp_path, workers, devices, copies, intra, strategy):
     output = _launch(tmp_path, workers, devices, strategy, copies, intra)

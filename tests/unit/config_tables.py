@@ -11,6 +11,7 @@ EXPECTED_DEFAULTS = {
     "pipeline.num_stages": None,
     "pipeline.strategy": "PreferBackward",
     "pipeline.micro_batching": "auto",
+    "pipeline.zero_bubble_memory": "pipeline",
     "gradient_checkpoint.type": "",
     "gradient_checkpoint.end_taskgraph": -1,
     "gradient_checkpoint.check_gradients": False,
@@ -44,9 +45,10 @@ EXPECTED_DEFAULTS = {
     "checkpoint.snapshot_keep": 2,
 }
 KEYS = list(EXPECTED_DEFAULTS)
-EXTENSION_KEYS = ["pipeline.micro_batching", "cluster.source", "cluster.port_base",
-                  "cluster.rendezvous_timeout", "communication.sparse_reduction",
-                  "communication.timeout", "checkpoint.snapshot_steps",
+EXTENSION_KEYS = ["pipeline.micro_batching", "pipeline.zero_bubble_memory", "cluster.source",
+                  "cluster.port_base", "cluster.rendezvous_timeout",
+                  "communication.sparse_reduction", "communication.timeout",
+                  "checkpoint.snapshot_steps",
                   "checkpoint.snapshot_dir", "checkpoint.snapshot_keep"]
 FREE_TEXT_KEYS = ["checkpoint.snapshot_dir"]  # any text is a value: no bad value to give
 BOOL_KEYS = [k for k, v in EXPECTED_DEFAULTS.items() if isinstance(v, bool)]
@@ -64,6 +66,7 @@ OVERRIDES = {
     "pipeline.num_stages": 3,
     "pipeline.strategy": "PreferForward",
     "pipeline.micro_batching": "unrolled",
+    "pipeline.zero_bubble_memory": "stage",
     "gradient_checkpoint.type": "collection",
     "gradient_checkpoint.end_taskgraph": 0,
     "gradient_checkpoint.check_gradients": True,
@@ -103,6 +106,7 @@ ENV_OVERRIDES = {
     "pipeline.num_stages": ("EPL_PIPELINE_NUM_STAGES", "2", 2),
     "pipeline.strategy": ("EPL_PIPELINE_STRATEGY", "preferforward", "PreferForward"),
     "pipeline.micro_batching": ("EPL_PIPELINE_MICRO_BATCHING", "Unrolled", "unrolled"),
+    "pipeline.zero_bubble_memory": ("EPL_PIPELINE_ZERO_BUBBLE_MEMORY", "Stage", "stage"),
     "gradient_checkpoint.type": ("EPL_GRADIENT_CHECKPOINT_TYPE", "auto", "auto"),
     "gradient_checkpoint.end_taskgraph": ("EPL_GRADIENT_CHECKPOINT_END_TASKGRAPH", "3", 3),
     "gradient_checkpoint.check_gradients": ("EPL_GRADIENT_CHECKPOINT_CHECK_GRADIENTS",
@@ -147,6 +151,7 @@ BAD_TYPES = {
     "pipeline.num_stages": (2.0, "int or None"),
     "pipeline.strategy": (1, "str"),
     "pipeline.micro_batching": (True, "str"),
+    "pipeline.zero_bubble_memory": (2, "str"),
     "gradient_checkpoint.type": (None, "str"),
     "gradient_checkpoint.end_taskgraph": ("-1", "int"),
     "gradient_checkpoint.check_gradients": ("true", "bool"),
@@ -187,6 +192,7 @@ BAD_VALUES = {
     "pipeline.num_stages": (0, "None or >= 1"),
     "pipeline.strategy": ("1F1B", "'PreferBackward', 'PreferForward'"),
     "pipeline.micro_batching": ("loop", "'auto', 'stage_functions', 'unrolled'"),
+    "pipeline.zero_bubble_memory": ("device", "'pipeline', 'stage'"),
     "gradient_checkpoint.type": ("checkpoints", "'', 'collection', 'auto'"),
     "gradient_checkpoint.end_taskgraph": (-2, ">= -1"),
     "zero.level": ("v3", "'', 'v0', 'v1', 'v2'"),
@@ -215,6 +221,7 @@ BAD_ENV.update({
     "pipeline.num_stages": ("0", "'none', '' or an integer >= 1"),
     "pipeline.strategy": ("gpipe", "'PreferBackward', 'PreferForward'"),
     "pipeline.micro_batching": ("copies", "'auto', 'stage_functions', 'unrolled'"),
+    "pipeline.zero_bubble_memory": ("worker", "'pipeline', 'stage'"),
     "gradient_checkpoint.type": ("on", "'collection', 'auto'"),
     "gradient_checkpoint.end_taskgraph": ("1.5", "an integer >= -1"),
     "zero.level": ("v3", "'v2'"),

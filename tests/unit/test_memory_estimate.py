@@ -127,14 +127,19 @@ def test_pipeline_stages_hold_their_in_flight_micro_batches():
     specs = (("replicate", 1), ("replicate", 1))
     profile = _profile(count=4, taskgraphs=2)
     acts = {}
-    for strategy in ("PreferBackward", "PreferForward"):
-        config = Config({"pipeline.num_micro_batch": 4, "pipeline.strategy": strategy})
+    for strategy, memory in (("PreferBackward", "pipeline"), ("PreferForward", "pipeline"),
+                             ("ZeroBubble", "pipeline"), ("ZeroBubble", "stage")):
+        config = Config({"pipeline.num_micro_batch": 4, "pipeline.strategy": strategy,
+                         "pipeline.zero_bubble_memory": memory})
         plan = _plan(config, devices=2, specs=specs)
-        acts[strategy] = [d.activations for d in me.estimate(profile, plan, config)
-                          .devices.values()]
+        acts[strategy, memory] = [d.activations for d in me.estimate(profile, plan, config)
+                                  .devices.values()]
     per_stage = 2 * 3 * MB
-    assert acts["PreferBackward"] == [2 * per_stage, 1 * per_stage]
-    assert acts["PreferForward"] == [4 * per_stage, 4 * per_stage]
+    assert acts["PreferBackward", "pipeline"] == [2 * per_stage, 1 * per_stage]
+    assert acts["PreferForward", "pipeline"] == [4 * per_stage, 4 * per_stage]
+    # ZeroBubble counts a micro-batch from F to W: ZB-H1 holds 2 on both stages
+    assert acts["ZeroBubble", "pipeline"] == [2 * per_stage, 2 * per_stage]
+    assert acts["ZeroBubble", "stage"] == [2 * per_stage, 1 * per_stage]
 
 
 def test_gradient_accumulation_keeps_gradient_sized_buffers():

@@ -21,6 +21,7 @@ from epl.strategies.schedule import (PREFER_BACKWARD, PREFER_FORWARD, Action, Sc
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(REPO_ROOT, "tests", "fixtures", "schedules")
 STRATEGIES = (PREFER_BACKWARD, PREFER_FORWARD)
+GOLDEN_STRATEGIES = STRATEGIES + ("ZeroBubble",)
 GOLDEN_SIZES = ((2, 4), (3, 3), (4, 8), (2, 1), (3, 2))
 SIZES = [(s, m) for s in range(1, 7) for m in range(1, 11)]
 
@@ -31,7 +32,7 @@ def _actions(text):
 
 # ----------------------------------------------------------------------------- golden files
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", GOLDEN_STRATEGIES)
 @pytest.mark.parametrize("stages,micro", GOLDEN_SIZES)
 def test_golden_schedule(strategy, stages, micro):
     path = os.path.join(FIXTURES, "%s_%dx%d.txt" % (strategy, stages, micro))
@@ -49,7 +50,8 @@ def test_golden_schedule(strategy, stages, micro):
 
 
 def test_golden_files_are_exactly_the_expected_set():
-    expected = {"%s_%dx%d.txt" % (st, s, m) for st in STRATEGIES for s, m in GOLDEN_SIZES}
+    expected = {"%s_%dx%d.txt" % (st, s, m) for st in GOLDEN_STRATEGIES
+                for s, m in GOLDEN_SIZES}
     assert set(os.listdir(FIXTURES)) == expected
 
 
@@ -139,7 +141,7 @@ def test_action_parse_rejects_malformed_text(text):
     with pytest.raises(ScheduleError) as info:
         Action.parse(text)
     assert repr(text) in str(info.value)
-    assert "<stage><F|B><micro_batch>" in str(info.value)
+    assert "<stage><F|B|W><micro_batch>" in str(info.value)
 
 
 @pytest.mark.parametrize("value", [13, None, b"1F3"])

@@ -6,7 +6,8 @@ entrance ops) and ends (its exit ops): the calls of its functions with stage
 functions, the ops where tensors cross actions with unrolled copies. For
 consecutive actions a, b of a stage's schedule, a no-op barrier on the stage's
 device waits for every exit op of a, and every entrance op of b waits for the
-barrier.
+barrier. Schedules that split the backward (ZeroBubble) have B and W actions; the
+repetition finds the ops of each (:mod:`epl.parallel.repeat.backward_split`).
 """
 from epl import tf_adapter
 from epl.parallel.passes import LOWER, Pass
@@ -34,7 +35,11 @@ class ScheduleLowering(Pass):
             entrances, exits = ctx.repetition.boundaries(ctx, copy)
             ctx.program.boundaries.append((entrances, exits))
             for stage in range(stages):
-                actions = schedule.stage(stage)
+                # An action with no ops (stage 0's B when its backward is split: no
+                # stage before it waits for input gradients) orders nothing; the
+                # actions on either side of it are chained directly.
+                actions = [a for a in schedule.stage(stage)
+                           if _key(a) in entrances or _key(a) in exits]
                 for before, after in zip(actions, actions[1:]):
                     _order(ctx, copy, before, after, entrances, exits)
 

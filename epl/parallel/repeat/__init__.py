@@ -17,7 +17,9 @@ testing which lowering runs:
 * ``op(op, c, m)`` / ``tensor(t, c, m)``: what stands for a user op or tensor in copy c,
   micro-batch m (``ctx.instance`` and ``ctx.tensor_instance`` are its spellings);
 * ``gradient_sum(grad, c, device, shape)``: copy c's gradient over the micro-batches;
-* ``boundaries(ctx, c)``: where each action of the schedule starts and ends in copy c;
+* ``boundaries(ctx, c)``: where each action of the schedule starts and ends in copy c
+  (with a schedule that splits the backward, B and W apart:
+  :mod:`.backward_split`);
 * ``micro_batches``, ``copies``.
 
 :class:`RepeatStep` is the rewrite pass that builds it (phase ``replicate``).
@@ -31,9 +33,10 @@ def for_plan(plan, copies):
     """The repetition of ``plan``'s step on a worker that builds ``copies`` (its
     :class:`epl.parallel.mesh.Copy` records)."""
     micro_batches = plan.num_micro_batch if plan.pipeline else 1
+    split = plan.pipeline and plan.schedule is not None and plan.schedule.splits_backward
     if plan.calls_functions and (micro_batches > 1 or len(copies) > 1):
-        return StageFunctions(len(copies), micro_batches)
-    return UnrolledCopies(len(copies), micro_batches)
+        return StageFunctions(len(copies), micro_batches, split)
+    return UnrolledCopies(len(copies), micro_batches, split)
 
 
 class RepeatStep(Pass):

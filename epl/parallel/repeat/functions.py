@@ -26,6 +26,7 @@ import logging
 from epl import tf_adapter, tf_functions
 from epl.ir.phase import Phase
 from epl.ir.roles import GET_NEXT_TYPES, PLACEHOLDER_TYPES
+from epl.parallel.repeat.backward_split import WEIGHT, kind_of
 from epl.parallel.repeat.calls import build_calls, sum_key
 from epl.parallel.repeat.copies import clone_copies, clone_micro_batches, order_shared_writes
 from epl.parallel.repeat.function_body import FunctionBody, first_call_variant
@@ -46,13 +47,14 @@ class StageFunctions(Repetition):
     0 of the functions that sum gradients), and, per repetition, its calls and what they
     compute (:class:`epl.parallel.repeat.record.Instance`)."""
 
-    def __init__(self, copies, micro_batches):
-        super(StageFunctions, self).__init__(copies, micro_batches)
+    def __init__(self, copies, micro_batches, split_backward=False):
+        super(StageFunctions, self).__init__(copies, micro_batches, split_backward)
         self.partition = None
         self.bodies, self.functions, self.firsts = {}, {}, {}
         self.sum_only = set()
 
     def build(self, ctx):
+        self.weight_parts(ctx)  # drops the gradient gates before anything reads them
         stage_ops, self.shared = _stage_ops(ctx)
         self._define(ctx, stage_ops)
         clone_micro_batches(ctx, self, self.partition.residual)
@@ -66,7 +68,8 @@ class StageFunctions(Repetition):
         do not hold)."""
         blocked = (_downstream_of_gradients(ctx, stage_ops) | _built_per_copy(ctx, stage_ops)
                    | control_flow(stage_ops))
-        part = partition(stage_ops, lambda op: _action_of(ctx, op),
+        weights = self.weight_parts(ctx)
+        part = partition(stage_ops, lambda op: _action_of(ctx, op, weights),
                          lambda op: _movable(ctx, op, blocked), _chunk_ends(ctx))
         self.partition = part
         self.bodies = _bodies(ctx, part, self.shared, self.micro_batches)
@@ -129,9 +132,9 @@ def _invariant_reads(ops):
                and op.inputs[0].op.name not in written)
 
 
-def _action_of(ctx, op):
+def _action_of(ctx, op, weights):
     info = ctx.view.info(op)
-    return (info.taskgraph, _KINDS[info.phase])
+    return (info.taskgraph, kind_of(_KINDS[info.phase], op.name, weights))
 
 
 # A stage's backward is cut into at most this many functions, each ending after
@@ -155,7 +158,7 @@ def _chunk_ends(ctx):
     def chunk_ends(action, ops):
         produced = [sizes.get(op.name, 0) for op in ops]
         total = sum(produced)
-        if action[1] != BACKWARD or not total:
+        if action[1] == FORWARD or not total:
             return []
         pieces = min(BACKWARD_CHUNKS, sum(1 for size in produced if size))
         ends, running = [], 0
@@ -271,7 +274,7 @@ def _saved(cores, member, wanted):
                 readers = set(member.get(c.name) for c in tensor.consumers()) - {action}
                 if (not readers or tensor.name in wanted
                         or tensor.dtype.base_dtype not in _SAVED_DTYPES
-                        or any(r is None or r[0] != action[0] or r[1] != BACKWARD
+                        or any(r is None or r[0] != action[0] or r[1] == FORWARD
                                for r in readers)):
                     continue
                 key = (action[0], tensor.dtype.base_dtype)
@@ -316,10 +319,13 @@ def _constant_inputs(ops, constants):
     return sorted(found.values(), key=tf_adapter.op_id)
 
 
+_FUNCTION_KINDS = {FORWARD: "forward", BACKWARD: "backward", WEIGHT: "weights"}
+
+
 def _function_name(ctx, action, suffix=""):
     taken = tf_adapter.function_names(ctx.tf_graph)
-    kind = "forward" if action[1] == FORWARD else "backward"
-    chunk = "%d" % action[2] if action[1] == BACKWARD or action[2] else ""
+    kind = _FUNCTION_KINDS[action[1]]
+    chunk = "%d" % action[2] if action[1] != FORWARD or action[2] else ""
     base = "EPL_stage%d_%s%s%s" % (action[0], kind, chunk, suffix)
     name, index = base, 1
     while name in taken:

@@ -23,6 +23,7 @@ Example::
     losses = [rep.tensor(loss, copy, m) for m in range(rep.micro_batches)]
 """
 from epl import tf_adapter
+from epl.parallel.repeat import backward_split
 from epl.tf_adapter import tf
 
 
@@ -63,14 +64,29 @@ class Repetition(object):
       shared: names of the constant expressions every micro-batch shares.
       replaced: names of the user ops that no longer run (calls compute them).
       instances: {(copy, micro_batch): its :class:`Instance` record}.
+      split_backward: whether the schedule runs each backward as B and W actions
+        (:mod:`epl.parallel.repeat.backward_split`).
     """
 
-    def __init__(self, copies, micro_batches):
+    def __init__(self, copies, micro_batches, split_backward=False):
         self.copies = copies
         self.micro_batches = micro_batches
+        self.split_backward = split_backward
         self.shared = set()
         self.replaced = set()
         self.instances = {}
+        self._weights = None
+
+    def weight_parts(self, ctx):
+        """Names of the user's backward ops in W parts (none unless the backward is
+        split). Found once, before anything is repeated, and the B parts' gradient
+        gates dropped: the clones and the calls then inherit the split."""
+        if self._weights is None:
+            self._weights = frozenset()
+            if self.split_backward:
+                self._weights = backward_split.weight_ops(ctx)
+                backward_split.ungate(ctx, self._weights)
+        return self._weights
 
     # ---- the lowering's side -----------------------------------------------------
     def build(self, ctx):
@@ -187,7 +203,7 @@ class Repetition(object):
 
     def boundaries(self, ctx, copy):
         """({action key: ops it starts with}, {action key: ops it ends with}) of ``copy``,
-        keys (stage, "F" | "B", micro_batch): where the schedule's barriers go."""
+        keys (stage, "F" | "B" | "W", micro_batch): where the schedule's barriers go."""
         raise NotImplementedError
 
 

@@ -14,6 +14,7 @@ from the IR's op table, and its boundaries from the tensors that cross actions
 from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.ir.traverse import ancestor_ops, control_flow_interior
+from epl.parallel.repeat.backward_split import kind_of
 from epl.parallel.repeat.copies import clone_copies, clone_micro_batches, order_shared_writes
 from epl.parallel.repeat.record import Repetition
 from epl.parallel.repeat.step_ops import constant_expressions, micro_batch_candidates
@@ -26,11 +27,12 @@ class UnrolledCopies(Repetition):
     """Micro-batch m > 0 is a clone of every step op of micro-batch 0, except the
     constant expressions, which every micro-batch shares; copies clone it all."""
 
-    def __init__(self, copies, micro_batches):
-        super(UnrolledCopies, self).__init__(copies, micro_batches)
+    def __init__(self, copies, micro_batches, split_backward=False):
+        super(UnrolledCopies, self).__init__(copies, micro_batches, split_backward)
         self._interior = None  # control_flow_interior of the graph, once per schedule
 
     def build(self, ctx):
+        self.weight_parts(ctx)  # before the clones: they copy the user's gates
         candidates = micro_batch_candidates(ctx) if self.micro_batches > 1 else []
         self.shared = constant_expressions(candidates, ctx.view.specialized)
         sources = [op for op in candidates if op.name not in self.shared]
@@ -99,12 +101,13 @@ class UnrolledCopies(Repetition):
                 for tensor in tensors:
                     roots += [self.tensor(tensor, copy, m).op
                               for m in range(self.micro_batches)]
-        keys = {}
+        keys, weights = {}, self.weight_parts(ctx)
         for op in ancestor_ops(roots):
             info = ctx.view.info(op)
             if info is not None and info.copy == copy and info.phase in _KINDS \
                     and not self._free(op):
-                keys[id(op)] = (op, (info.taskgraph, _KINDS[info.phase], info.micro_batch))
+                kind = kind_of(_KINDS[info.phase], info.origin or op.name, weights)
+                keys[id(op)] = (op, (info.taskgraph, kind, info.micro_batch))
         return keys
 
     def _free(self, op):

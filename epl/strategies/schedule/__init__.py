@@ -22,11 +22,13 @@ Command line: ``python -m epl.strategies.schedule --stages 4 --micro-batches 8``
 
 The package is split so that no module imports one that imports it back:
 :mod:`~epl.strategies.schedule.core` holds the data and the checks,
+:mod:`~epl.strategies.schedule.timed` the simulation with action costs,
 :mod:`~epl.strategies.schedule.picture` the picture and the command line;
 this module only gathers their names.
 """
 from epl.strategies.schedule.core import (  # noqa: F401
-    BACKWARD, FORWARD, PREFER_BACKWARD, PREFER_FORWARD, Action, Schedule, ScheduleError, Timeline,
-    bubble_fraction, dependencies, get_schedule, peak_in_flight, prefer_backward, prefer_forward,
-    simulate, to_grid, validate)
+    BACKWARD, FORWARD, PREFER_BACKWARD, PREFER_FORWARD, WEIGHT, ZERO_BUBBLE, Action, Schedule,
+    ScheduleError, Timeline, bubble_fraction, dependencies, get_schedule, peak_in_flight,
+    prefer_backward, prefer_forward, simulate, to_grid, validate, zero_bubble)
+from epl.strategies.schedule import timed  # noqa: F401
 from epl.strategies.schedule.picture import main, save_png  # noqa: F401

@@ -12,12 +12,14 @@ from epl.checks import check_count, is_count
 
 FORWARD = "F"
 BACKWARD = "B"
+WEIGHT = "W"
 PREFER_BACKWARD = "PreferBackward"
 PREFER_FORWARD = "PreferForward"
+ZERO_BUBBLE = "ZeroBubble"
 
 # Strict on purpose: no signs, no leading zeros, no spaces, so that parse(str(a)) == a and
 # str(parse(text)) == text for every accepted text (golden files stay canonical).
-_ACTION_RE = re.compile(r"(0|[1-9][0-9]*)([FB])(0|[1-9][0-9]*)")
+_ACTION_RE = re.compile(r"(0|[1-9][0-9]*)([FBW])(0|[1-9][0-9]*)")
 
 
 class ScheduleError(ValueError):
@@ -36,16 +38,20 @@ def _check_count(label, value):
 
 class Action(collections.namedtuple("Action", "stage kind micro_batch")):
     """One unit of work: stage ``stage`` runs the forward ("F") or backward ("B") of a
-    micro-batch. Its text form, e.g. ``1F3``, is what grids and golden files show."""
+    micro-batch. Its text form, e.g. ``1F3``, is what grids and golden files show.
+
+    Schedules that split the backward (ZeroBubble) also have "W" actions: "B" is then
+    only the part of the backward the previous stage waits for (the gradients of the
+    stage's inputs) and "W" the rest (the weights' gradients and their sums)."""
 
     __slots__ = ()
 
     def __new__(cls, stage, kind, micro_batch):
         if not _is_index(stage):
             raise ScheduleError("Action stage must be an integer >= 0, got %r" % (stage,))
-        if kind not in (FORWARD, BACKWARD):
-            raise ScheduleError("Action kind must be %r or %r, got %r"
-                                % (FORWARD, BACKWARD, kind))
+        if kind not in (FORWARD, BACKWARD, WEIGHT):
+            raise ScheduleError("Action kind must be %r, %r or %r, got %r"
+                                % (FORWARD, BACKWARD, WEIGHT, kind))
         if not _is_index(micro_batch):
             raise ScheduleError("Action micro_batch must be an integer >= 0, got %r"
                                 % (micro_batch,))
@@ -59,7 +65,7 @@ class Action(collections.namedtuple("Action", "stage kind micro_batch")):
         """``"12B10"`` -> ``Action(12, "B", 10)``; anything else raises ScheduleError."""
         match = _ACTION_RE.fullmatch(text) if isinstance(text, str) else None
         if match is None:
-            raise ScheduleError("cannot parse action %r: expected <stage><F|B><micro_batch> "
+            raise ScheduleError("cannot parse action %r: expected <stage><F|B|W><micro_batch> "
                                 "such as '1F3' or '12B10'" % (text,))
         return cls(int(match.group(1)), match.group(2), int(match.group(3)))
 
@@ -134,6 +140,16 @@ class Schedule(object):
         """One line per stage, actions separated by spaces: the golden-file form."""
         return "\n".join(" ".join(str(action) for action in row) for row in self.stages)
 
+    @property
+    def splits_backward(self):
+        """True when the backward is split into B (input gradients) and W (weight
+        gradients) actions: the lowering must then find both parts of each backward."""
+        return any(action.kind == WEIGHT for row in self.stages for action in row)
+
+    def kinds(self):
+        """The action kinds every stage runs per micro-batch."""
+        return (FORWARD, BACKWARD, WEIGHT) if self.splits_backward else (FORWARD, BACKWARD)
+
     @classmethod
     def parse(cls, text, name="parsed", num_micro_batch=None):
         """Inverse of ``compact``. Blank lines are ignored; when ``num_micro_batch`` is not
@@ -185,21 +201,69 @@ def prefer_backward(num_stages, num_micro_batch):
     return Schedule(PREFER_BACKWARD, num_stages, num_micro_batch, rows)
 
 
+def _zero_bubble_row(s, num_stages, num_micro_batch, deferred):
+    """Stage s of ZB-H1: 1F1B's warm-up, then B, W, F per micro-batch, except that the
+    first ``deferred`` W actions wait (they run where 1F1B idles, or at the end). Stage s
+    thus holds at most warm-up + deferred micro-batches whose W has not run."""
+    warm_up = min(num_stages - s, num_micro_batch)
+    row = [Action(s, FORWARD, m) for m in range(warm_up)]
+    next_f, next_b, next_w = warm_up, 0, 0
+    while next_b < num_micro_batch:
+        row.append(Action(s, BACKWARD, next_b))
+        next_b += 1
+        if next_b - next_w > deferred:
+            row.append(Action(s, WEIGHT, next_w))
+            next_w += 1
+        if next_f < num_micro_batch:
+            row.append(Action(s, FORWARD, next_f))
+            next_f += 1
+    row += [Action(s, WEIGHT, m) for m in range(next_w, num_micro_batch)]
+    return row
+
+
+ZB_MEMORY = ("pipeline", "stage")
+
+
+def zero_bubble(num_stages, num_micro_batch, memory="pipeline"):
+    """ZB-H1 ("Zero Bubble Pipeline Parallelism", ICLR 2024): each backward is split into
+    B (the input gradients the previous stage waits for) and W (weight gradients, which
+    nothing waits for), and W actions move into 1F1B's bubbles. With equal F, B and W
+    times the step takes (M + S - 1) * 3 - 2 * (S - 1) units instead of 1F1B's
+    (M + S - 1) * 3 (S = 2, M = 4: 13 against 15).
+
+    A micro-batch counts as in flight on a stage from its F to its W (W still reads the
+    stage's saved inputs). ``memory="pipeline"`` (the paper's ZB-H1) keeps the
+    pipeline's peak at 1F1B's (S micro-batches, on stage 0): stage s > 0 defers s W
+    actions and so holds S micro-batches instead of 1F1B's S - s. ``memory="stage"``
+    keeps every stage at its own 1F1B peak: no W is deferred, and the schedule only
+    gains where a stage runs W while it would wait (S = 2, M = 4: 14 units)."""
+    _check_count("num_stages", num_stages)
+    _check_count("num_micro_batch", num_micro_batch)
+    if memory not in ZB_MEMORY:
+        raise ScheduleError("ZeroBubble memory must be one of %s, got %r" % (ZB_MEMORY, memory))
+    rows = []
+    for s in range(num_stages):
+        deferred = s if memory == "pipeline" else 0
+        rows.append(_zero_bubble_row(s, num_stages, num_micro_batch, deferred))
+    return Schedule(ZERO_BUBBLE, num_stages, num_micro_batch, rows)
+
+
 _STRATEGIES = collections.OrderedDict([
     (PREFER_BACKWARD.lower(), prefer_backward),
     (PREFER_FORWARD.lower(), prefer_forward),
+    (ZERO_BUBBLE.lower(), zero_bubble),
 ])
 
 
-def get_schedule(name, num_stages, num_micro_batch):
+def get_schedule(name, num_stages, num_micro_batch, **options):
     """The schedule for the ``pipeline.strategy`` config value (case-insensitive, like the
-    config itself)."""
+    config itself); ``options`` go to the builder (``memory`` for ZeroBubble)."""
     builder = _STRATEGIES.get(name.lower()) if isinstance(name, str) else None
     if builder is None:
         raise ScheduleError("unknown pipeline schedule %r; expected one of %s "
-                            "(case-insensitive)" % (name, ", ".join((PREFER_BACKWARD,
-                                                                     PREFER_FORWARD))))
-    return builder(num_stages, num_micro_batch)
+                            "(case-insensitive)" % (name, ", ".join((
+                                PREFER_BACKWARD, PREFER_FORWARD, ZERO_BUBBLE))))
+    return builder(num_stages, num_micro_batch, **options)
 
 
 # --------------------------------------------------------------------------- simulation
@@ -210,6 +274,8 @@ def dependencies(action, num_stages):
     s, kind, m = action
     if kind == FORWARD:
         return (Action(s - 1, FORWARD, m),) if s > 0 else ()
+    if kind == WEIGHT:
+        return (Action(s, BACKWARD, m),)
     deps = [Action(s, FORWARD, m)]
     if s < num_stages - 1:
         deps.append(Action(s + 1, BACKWARD, m))
@@ -282,13 +348,15 @@ def bubble_fraction(schedule):
 
 
 def peak_in_flight(schedule):
-    """Per stage, the most micro-batches whose forward ran but whose backward has not: a
-    proxy for activation memory. Follows each stage's own order, so no simulation."""
+    """Per stage, the most micro-batches whose forward ran but whose backward has not (its
+    W, when the backward is split: W still reads the saved inputs): a proxy for
+    activation memory. Follows each stage's own order, so no simulation."""
+    frees = WEIGHT if schedule.splits_backward else BACKWARD
     peaks = []
     for row in schedule.stages:
         in_flight = peak = 0
         for action in row:
-            in_flight += 1 if action.kind == FORWARD else -1
+            in_flight += 1 if action.kind == FORWARD else (-1 if action.kind == frees else 0)
             peak = max(peak, in_flight)
         peaks.append(peak)
     return tuple(peaks)
@@ -379,9 +447,15 @@ def _check_rows(schedule):
     return None
 
 
+_KIND_WORDS = {False: "forward and the backward",
+               True: "forward, the input-gradient backward (B) and the weight-gradient "
+                     "backward (W)"}
+
+
 def _check_exactly_once(schedule):
-    """Every F and B of every micro-batch, once per stage: a missing action would leave
-    its gradient uncomputed, a duplicate would run a micro-batch twice."""
+    """Every F and B (and W, when the backward is split) of every micro-batch, once per
+    stage: a missing action would leave its gradient uncomputed, a duplicate would run a
+    micro-batch twice."""
     for s, row in enumerate(schedule.stages):
         counts = collections.Counter(row)
         for action in row:
@@ -389,12 +463,13 @@ def _check_exactly_once(schedule):
                 return action, ("%s appears %d times on stage %d; every action must run "
                                 "exactly once" % (action, counts[action], s))
         for m in range(schedule.num_micro_batch):
-            for kind in (FORWARD, BACKWARD):
+            for kind in schedule.kinds():
                 action = Action(s, kind, m)
                 if action not in counts:
-                    return action, ("stage %d never runs %s; each stage must run the forward "
-                                    "and the backward of every micro-batch 0..%d exactly once"
-                                    % (s, action, schedule.num_micro_batch - 1))
+                    return action, ("stage %d never runs %s; each stage must run the %s of "
+                                    "every micro-batch 0..%d exactly once"
+                                    % (s, action, _KIND_WORDS[schedule.splits_backward],
+                                       schedule.num_micro_batch - 1))
     return None
 
 
@@ -408,7 +483,12 @@ def _check_order(schedule):
             if position[backward] < position[forward]:
                 return backward, ("on stage %d, %s runs before %s; a micro-batch's backward "
                                   "needs the activations of its forward" % (s, backward, forward))
-        for kind, label in ((FORWARD, "forwards"), (BACKWARD, "backwards")):
+            weight = Action(s, WEIGHT, m)
+            if weight in position and position[weight] < position[backward]:
+                return weight, ("on stage %d, %s runs before %s; the weight gradients need "
+                                "the gradients B computes" % (s, weight, backward))
+        for kind, label in ((FORWARD, "forwards"), (BACKWARD, "backwards"),
+                            (WEIGHT, "weight-gradient backwards")):
             same_kind = [action for action in row if action.kind == kind]
             for previous, action in zip(same_kind, same_kind[1:]):
                 if action.micro_batch < previous.micro_batch:

@@ -6,16 +6,20 @@ imports nothing heavy; matplotlib is imported only when a PNG is drawn.
 import argparse
 import sys
 
-from epl.strategies.schedule.core import (BACKWARD, FORWARD, PREFER_BACKWARD, ScheduleError,
-                                          bubble_fraction, get_schedule, simulate, to_grid,
-                                          validate)
+from epl.strategies.schedule import timed
+from epl.strategies.schedule.core import (BACKWARD, FORWARD, PREFER_BACKWARD, WEIGHT,
+                                          ScheduleError, bubble_fraction, get_schedule,
+                                          simulate, to_grid, validate)
 
-_COLOURS = {FORWARD: "#8ecae6", BACKWARD: "#f4a261"}
+_COLOURS = {FORWARD: "#8ecae6", BACKWARD: "#f4a261", WEIGHT: "#90be6d"}
+_LABELS = {FORWARD: "forward F(m)", BACKWARD: "backward B(m)",
+           WEIGHT: "weight gradients W(m)"}
 
 
 def save_png(schedule, path):
-    """Draw the simulated grid to a PNG (forwards and backwards in two colours, stages as
-    rows, time as columns) and return ``path``. matplotlib is imported here, and only its
+    """Draw the simulated grid to a PNG (forwards, backwards and, when the backward is
+    split, weight-gradient backwards in their own colours, stages as rows, time as
+    columns) and return ``path``. matplotlib is imported here, and only its
     Agg canvas is used, so importing this module and the global pyplot backend are
     unaffected."""
     try:
@@ -44,8 +48,12 @@ def save_png(schedule, path):
     axes.set_yticks([s + 0.5 for s in range(num_stages)])
     axes.set_yticklabels(["stage %d" % s for s in range(num_stages)])
     axes.set_xlabel("time slot")
-    axes.legend(handles=[Patch(facecolor=_COLOURS[FORWARD], label="forward F(m)"),
-                         Patch(facecolor=_COLOURS[BACKWARD], label="backward B(m)")],
+    kinds = schedule.kinds()
+    if schedule.splits_backward:
+        labels = dict(_LABELS, **{BACKWARD: "input gradients B(m)"})
+    else:
+        labels = _LABELS
+    axes.legend(handles=[Patch(facecolor=_COLOURS[kind], label=labels[kind]) for kind in kinds],
                 loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     status = ", STALLED" if not timeline.complete else (
         ", bubble %.1f%%" % (100.0 * bubble_fraction(schedule)) if timeline.slots else "")
@@ -67,7 +75,11 @@ def main(argv=None):
     parser.add_argument("--micro-batches", type=int, required=True,
                         help="number of micro-batches M per step")
     parser.add_argument("--strategy", default=PREFER_BACKWARD,
-                        help="PreferBackward (1F1B, default) or PreferForward (GPipe-like)")
+                        help="PreferBackward (1F1B, default), PreferForward (GPipe-like) or "
+                             "ZeroBubble (ZB-H1: backward split into B and W)")
+    parser.add_argument("--costs",
+                        help="times of F, B and W such as 1,1,1 (a backward that is not split "
+                             "costs B+W): also print the step time these costs give")
     parser.add_argument("--png", help="also save the grid as a PNG picture to this path")
     parser.add_argument("--compact", action="store_true",
                         help="print the per-stage order (golden-file form) instead of the grid")
@@ -76,9 +88,25 @@ def main(argv=None):
         schedule = get_schedule(args.strategy, args.stages, args.micro_batches)
         validate(schedule)
         print(schedule.compact() if args.compact else to_grid(schedule))
+        if args.costs and not args.compact:
+            costs = _parse_costs(args.costs)
+            print("step time with costs F=%g B=%g W=%g: %g (ideal speed-up %.2fx on %d stages)"
+                  % (costs + (timed.makespan(schedule, costs),
+                              timed.ideal_speedup(schedule, costs), schedule.num_stages)))
         if args.png:
             print("saved %s" % save_png(schedule, args.png))
     except ScheduleError as exc:
         print("error: %s" % exc, file=sys.stderr)
         return 2
     return 0
+
+
+def _parse_costs(text):
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != 3 or min(values) <= 0:
+        raise ScheduleError("--costs must be three positive numbers F,B,W such as 1,1,1; "
+                            "got %r" % (text,))
+    return timed.Costs(*values)

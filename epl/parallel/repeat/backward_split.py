@@ -1,0 +1,79 @@
+"""B and W: each stage's backward split for schedules that run them apart (ZeroBubble).
+
+``tf.gradients`` already builds a layer's input gradient (``dx = dy . W^T``) and its
+weight gradient (``dW = x^T . dy``) as separate ops. A stage's backward ops that the
+previous stage's backward waits for, and everything they need, are its B part; the
+rest (weight gradients and what only they need) is its W part, which nothing outside
+the stage waits for, so a schedule may run it later, in a bubble. Both lowerings of
+the repetition ask :func:`weight_ops` once and file an op under (stage, "W") instead of
+(stage, "B") when it is there; the schedule lowering then orders B and W actions like
+any others.
+
+``Optimizer.compute_gradients`` gates each op's gradients (``gate_gradients=GATE_OP``):
+an Identity forwards ``dx`` (and another ``dW``) only after a NoOp that waits for ``dx``
+and ``dW`` alike. For ``dx`` that would make every B wait for its W (and deadlock a
+schedule that runs W later), so :func:`ungate` takes the control input away from the
+gate Identities in B parts only. The gates of the weight gradients stay, and they are
+what the gates are for: a ref variable's read aliases its buffer, so ``dx = dy . W^T``
+must finish before W's update, which waits only for W's own (gated) gradient.
+"""
+from epl import tf_adapter
+from epl.ir.phase import Phase
+from epl.parallel.repeat.gates import gradient_gates
+
+WEIGHT = "W"
+
+
+def _user_backward_ops(ctx):
+    """{op: stage} of the user's backward ops (copy 0, micro-batch 0), creation order."""
+    found = {}
+    for op in ctx.tf_graph.get_operations():
+        info = ctx.view.info(op)
+        if info is not None and info.phase == Phase.BACKWARD and not info.copy \
+                and not info.micro_batch and info.origin is None and info.taskgraph is not None:
+            found[op] = info.taskgraph
+    return found
+
+
+def ungate(ctx, weights):
+    """Drop the control input of the gradient gates' Identities that are not in
+    ``weights`` (see above): a B part then never waits for its W part."""
+    gates = gradient_gates(list(_user_backward_ops(ctx)))
+    if gates is None:
+        return
+    graph = ctx.tf_graph
+    for name in gates.forwarded:
+        if name not in weights:
+            tf_adapter.remove_control_inputs(graph.get_operation_by_name(name))
+
+
+def weight_ops(ctx):
+    """Names of the user's backward ops in W parts: those that no backward op of another
+    stage needs, directly or through ops of their own stage (a gradient gate's wait for
+    its NoOp does not count: :func:`ungate` drops it where it would)."""
+    stage_of = _user_backward_ops(ctx)
+    gates = gradient_gates(list(stage_of))
+    gated = gates.forwarded if gates is not None else {}
+    needed, stack = set(), []
+    for op, stage in stage_of.items():
+        readers = [c for t in op.outputs for c in t.consumers()]
+        readers += tf_adapter.control_outputs(op)
+        if any(stage_of.get(reader, stage) != stage for reader in readers):
+            stack.append(op)
+    while stack:
+        op = stack.pop()
+        if op in needed:
+            continue
+        needed.add(op)
+        stage = stage_of[op]
+        controls = [] if op.name in gated else list(op.control_inputs)
+        for producer in [t.op for t in op.inputs] + controls:
+            if stage_of.get(producer) == stage:
+                stack.append(producer)
+    return frozenset(op.name for op in stage_of if op not in needed)
+
+
+def kind_of(kind, name, weights):
+    """The action kind of an op filed under ``kind`` ("F" or "B") whose user op is
+    ``name``: "W" when it belongs to a W part."""
+    return WEIGHT if kind == "B" and name in weights else kind

@@ -1,0 +1,252 @@
+"""ZeroBubble (ZB-H1): each stage's backward run as B (input gradients) and W (weight
+gradients) actions. The same weights as serial training and as PreferBackward, under
+both lowerings of the repeated step and with the runtime's memory savers; B and W
+apart in the graph and in the trace; peak memory per stage against 1F1B's."""
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import corpusutil
+import epl
+from epl.cluster import Cluster
+from epl.parallel.repeat.backward_split import weight_ops
+from eplutil import (MEASURED, copy_values, dataset_input, initial_weights, make_data,
+                     max_diff, serial_train, stage_peak_bytes, staged_mlp, trace_times,
+                     train_step)
+from realmodels import CORPUS, Bert, ResNet
+
+TOL = 1e-5
+CORPUS_TOL = 2e-5
+B, K = 4, 3
+NAMES = ("d1/kernel", "d2/kernel", "d1/bias", "d2/bias")
+
+
+def _pipeline(devices, depth, micro_batches, strategy="ZeroBubble", lowering="auto",
+              steps=K, extra=None):
+    replicas = devices // depth
+    x, y = make_data(micro_batches * B * replicas * (steps + 1))
+    settings = {"pipeline.num_micro_batch": micro_batches, "pipeline.strategy": strategy,
+                "pipeline.micro_batching": lowering}
+    settings.update(extra or {})
+    epl.init(epl.Config(settings), cluster=Cluster(devices_per_worker=devices))
+    loss = staged_mlp(*dataset_input(x, y, B), weights=initial_weights(), depth=depth)
+    train = train_step(loss)
+    sess = tf.Session()
+    sess.run(tf.global_variables_initializer())
+    for _ in range(steps):
+        sess.run(train)
+    values = dict((name, copy_values(sess, name)) for name in NAMES)
+    return x, y, sess, values
+
+
+def _record(value):
+    import os
+    MEASURED.append((os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0], value))
+
+
+@pytest.mark.parametrize("lowering", ["stage_functions", "unrolled"])
+@pytest.mark.parametrize("depth,micro_batches", [(2, 4), (3, 4), (2, 2), (3, 2), (2, 5)])
+def test_matches_serial_and_prefer_backward(depth, micro_batches, lowering):
+    x, y, sess, zero_bubble = _pipeline(depth, depth, micro_batches, lowering=lowering)
+    program = epl.Graph.get().parallel
+    assert program.schedule.name == "ZeroBubble" and program.schedule.splits_backward
+    _, ref = serial_train(x, y, micro_batches * B, K, depth=depth)
+    for name in NAMES:
+        assert max_diff(ref[name], zero_bubble[name]) < TOL, name
+    sess.close()
+    tf.reset_default_graph()
+    _, _, _, one_f_one_b = _pipeline(depth, depth, micro_batches, "PreferBackward", lowering)
+    worst = max(float(np.abs(np.asarray(zero_bubble[n]) - np.asarray(one_f_one_b[n])).max())
+                for n in NAMES)
+    _record(worst)
+    # Every gradient is summed over the micro-batches in micro-batch order under both
+    # schedules: the same additions in the same order.
+    assert worst == 0.0
+
+
+@pytest.mark.parametrize("lowering", ["stage_functions", "unrolled"])
+def test_data_parallel_over_pipelines(lowering):
+    x, y, _, values = _pipeline(4, 2, 4, lowering=lowering)
+    plan = epl.Graph.get().parallel.plan
+    assert plan.num_replicas == 2 and len(plan.stages) == 2
+    _, ref = serial_train(x, y, 2 * 4 * B, K)
+    for name in NAMES:
+        assert len(values[name]) == 2 and max_diff(ref[name], values[name]) < TOL, name
+
+
+def _clipped(strategy, clip_after):
+    """Weights after 2 steps with the user's global-norm clipping, which reads every
+    stage's gradients (a W part's results) before any update."""
+    tf.reset_default_graph()
+    x, y = make_data(4 * B * 3)
+    epl.init(epl.Config({"pipeline.num_micro_batch": 4, "pipeline.strategy": strategy,
+                         "communication.clip_after_allreduce": clip_after}),
+             cluster=Cluster(devices_per_worker=2))
+    loss = staged_mlp(*dataset_input(x, y, B), weights=initial_weights())
+    opt = tf.train.GradientDescentOptimizer(0.1)
+    grads, variables = zip(*opt.compute_gradients(loss))
+    grads, _ = tf.clip_by_global_norm(grads, 0.01)
+    train = opt.apply_gradients(list(zip(grads, variables)))
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for _ in range(2):
+            sess.run(train)
+        return dict((name, copy_values(sess, name)) for name in NAMES)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("clip_after", [False, True])
+def test_global_norm_clipping_matches_prefer_backward(clip_after):
+    zero_bubble = _clipped("ZeroBubble", clip_after)
+    one_f_one_b = _clipped("PreferBackward", clip_after)
+    for name in NAMES:
+        np.testing.assert_array_equal(zero_bubble[name], one_f_one_b[name], err_msg=name)
+
+
+def test_stage_memory_option_matches_serial():
+    x, y, _, values = _pipeline(3, 3, 4, extra={"pipeline.zero_bubble_memory": "stage"})
+    assert epl.Graph.get().parallel.schedule.stage(2)[1:3] == tuple(
+        epl.strategies.schedule.Action.parse(a) for a in ("2B0", "2W0"))
+    _, ref = serial_train(x, y, 4 * B, K, depth=3)
+    for name in NAMES:
+        assert max_diff(ref[name], values[name]) < TOL, name
+
+
+def test_weight_gradients_are_w_and_input_gradients_are_b():
+    """Stage 1's dx (MatMul with the kernel transposed) is B; both stages' kernel
+    gradients are W; stage 0 has no B at all (nothing before it waits)."""
+    _pipeline(2, 2, 2, lowering="unrolled", steps=1)
+    view = epl.Graph.get()
+    program = view.parallel
+    entrances, exits = program.boundaries[0]
+    assert not [key for key in list(entrances) + list(exits) if key[:2] == (0, "B")]
+    for stage in range(2):
+        for m in range(2):
+            assert (stage, "W", m) in exits and (1, "B", m) in exits
+    grads = dict((v.op.name, g) for g, v in _gradients(view))
+    weights = weight_ops(_Ctx(view))
+    assert grads["d1/kernel"].op.name in weights and grads["d2/kernel"].op.name in weights
+    b_ops = set(op.name for key, ops in exits.items() if key[1] == "B" for op in ops)
+    assert not b_ops & weights and b_ops
+
+
+class _Ctx(object):
+    def __init__(self, view):
+        self.view, self.tf_graph = view, tf.get_default_graph()
+
+
+def _gradients(view):
+    return [pair for call in view.apply_calls for pair in call.grads_and_vars]
+
+
+def test_stage_function_calls_follow_the_schedule():
+    _, _, sess, _ = _pipeline(2, 2, 4, lowering="stage_functions", steps=1)
+    program = epl.Graph.get().parallel
+    entrances, exits = program.boundaries[0]
+    start, end = trace_times(sess, "Momentum")
+    checked, kinds = 0, set()
+    for stage in range(2):
+        actions = [a for a in program.schedule.stage(stage)
+                   if (a.stage, a.kind, a.micro_batch) in exits]
+        for before, after in zip(actions, actions[1:]):
+            first = exits[(before.stage, before.kind, before.micro_batch)]
+            second = entrances[(after.stage, after.kind, after.micro_batch)]
+            for call in first + second:
+                name = call.get_attr("f").name
+                assert name.startswith("EPL_stage%d_" % stage), name
+                kinds.add(name.split("_")[2])
+            assert max(end[c.name] for c in first) <= min(start[c.name] for c in second), (
+                str(before), str(after))
+            checked += 1
+    # stage 0: 4 F and 4 W (its B is empty); stage 1: 4 F, 4 B and 4 W
+    assert checked == (8 - 1) + (12 - 1)
+    assert {"forward", "backward0", "weights0"} <= kinds
+
+
+# ---- the corpus and the memory savers ---------------------------------------------------
+ZB = {"pipeline.strategy": "ZeroBubble"}
+SAVERS = {
+    "plain": {},
+    "gc": {"gradient_checkpoint.type": "auto"},
+    "offload": {"offload.level": "v0"},
+    "grouped_apply": {"optimizer.num_apply_group": 2},
+}
+CASES = ([(model, "plain") for model in CORPUS]
+         + [(model, saver) for model in (ResNet, Bert) for saver in ("gc", "offload")]
+         + [(Bert, "grouped_apply")])
+
+
+@pytest.mark.parametrize("model_class,saver", CASES,
+                         ids=["%s-%s" % (m.name, s) for m, s in CASES])
+def test_corpus_matches_serial_training(model_class, saver):
+    model = model_class()
+    arrays = model.data(2 * model.batch * corpusutil.STEPS)
+    _, reference = corpusutil.serial_reference(model, arrays, 2)
+    _, copies = corpusutil.run_pipeline(model, arrays, 2, config=dict(ZB, **SAVERS[saver]))
+    assert epl.Graph.get().parallel.schedule.splits_backward
+    worst, where = corpusutil.max_difference(reference, copies)
+    _record(worst)
+    assert worst < CORPUS_TOL, "%s differs from serial training by %.3g" % (where, worst)
+
+
+def test_amp_pipeline_matches_float32():
+    from test_amp import _corpus_run, _weights_match
+    stage = lambda index: epl.replicate(1, name="stage_%d" % index)
+    reference, copies = _corpus_run(Bert, stage, pipeline__num_micro_batch=2,
+                                    amp__loss_scale=1024, pipeline__strategy="ZeroBubble")
+    assert epl.Graph.get().parallel.schedule.name == "ZeroBubble"
+    _weights_match(reference, copies)
+
+
+def test_gradient_accumulation_ignores_the_schedule():
+    """One TaskGraph: no pipeline, no schedule; accumulation trains like serial."""
+    model = Bert()
+    arrays = model.data(2 * model.batch * corpusutil.STEPS)
+    _, reference = corpusutil.serial_reference(model, arrays, 2)
+    _, copies = corpusutil.run_ga(model, arrays, micro_batches=2, config=ZB)
+    assert epl.Graph.get().parallel.schedule is None
+    worst, where = corpusutil.max_difference(reference, copies)
+    assert worst < CORPUS_TOL, "%s differs by %.3g" % (where, worst)
+
+
+# ---- memory ------------------------------------------------------------------------------
+def stage_peaks(strategy, memory="pipeline", micro_batches=8, lowering="auto"):
+    """Peak bytes of each stage's device in one traced step (3 layers of 256 x 256 per
+    stage: ``eplutil.stage_peak_bytes``)."""
+    return stage_peak_bytes({"pipeline.num_micro_batch": micro_batches,
+                             "pipeline.strategy": strategy,
+                             "pipeline.micro_batching": lowering,
+                             "pipeline.zero_bubble_memory": memory})
+
+
+# One micro-batch's activations on a stage of stage_peaks' model: 3 layers of 256 x 256
+# float32 (the output gradients B hands to W have the same size).
+ACTIVATIONS = 3 * 256 * 256 * 4
+
+
+@pytest.mark.parametrize("lowering", ["stage_functions", "unrolled"])
+def test_peak_memory_per_stage_against_prefer_backward(lowering):
+    """Bytes, per stage, in one traced step (m = 8). Splitting the backward keeps the
+    output gradients B computes until W reads them: one micro-batch's worth more than
+    1F1B's fused backward, which frees each as it goes. "stage" defers no W, so that is
+    all it adds; ZB-H1 ("pipeline") also holds one more micro-batch on stage 1 between
+    F and W, with the output gradients of two (measured on stage 1: 2.1x 1F1B's; stage 0
+    within 1.2x)."""
+    one_f_one_b = stage_peaks("PreferBackward", lowering=lowering)
+    zb_h1 = stage_peaks("ZeroBubble", lowering=lowering)
+    per_stage = stage_peaks("ZeroBubble", "stage", lowering=lowering)
+    print("peak bytes per stage: 1F1B %s, ZB-H1 %s, ZB per-stage %s"
+          % (one_f_one_b, zb_h1, per_stage))
+    for stage in range(2):
+        assert per_stage[stage] <= one_f_one_b[stage] + 1.1 * ACTIVATIONS, (
+            stage, per_stage, one_f_one_b)
+    assert zb_h1[0] <= one_f_one_b[0] + 1.1 * ACTIVATIONS, (zb_h1, one_f_one_b)
+    assert zb_h1[1] <= one_f_one_b[1] + 3.3 * ACTIVATIONS, (zb_h1, one_f_one_b)
+    assert zb_h1[1] > per_stage[1] + 0.5 * ACTIVATIONS  # what "stage" saves is real
+
+
+def test_memory_option_without_zero_bubble_warns(caplog):
+    _pipeline(2, 2, 2, "PreferBackward", steps=1,
+              extra={"pipeline.zero_bubble_memory": "stage"})
+    assert "pipeline.zero_bubble_memory='stage' has no effect" in caplog.text
+    assert "PreferBackward" in caplog.text
