@@ -188,6 +188,8 @@ def _describe(plan):
         lines.append("  gradient accumulation over %d micro-batches" % plan.num_micro_batch)
     if plan.colocated:
         lines.append("  TaskGraphs colocated (cluster.colocate_split_and_replicate)")
+    if len(plan.taskgraphs) > 1:
+        lines += _describe_copies(plan)
     for tg in plan.taskgraphs:
         lines.append("  taskgraph %d %r %s(device_count=%d): mesh %s"
                      % (tg.index, tg.name, tg.kind, tg.device_count, tg.mesh))
@@ -197,6 +199,28 @@ def _describe(plan):
         lines += ["      " + str(group) for group in tg.groups]
     lines.append("  " + str(plan.host_group))
     return lines
+
+
+def _describe_copies(plan):
+    """Per model replica, each copy's device in every TaskGraph: what runs where
+    and where activations and gradients cross devices."""
+    lines = ["  copies (position j of every TaskGraph; '->' sends activations forward "
+             "and gradients back):"]
+    for replica in range(plan.num_replicas):
+        for position in range(plan.taskgraphs[0].device_count):
+            devices = [tg.devices[replica][position] for tg in plan.taskgraphs]
+            path = " -> ".join("%s@%s" % (tg.name, _short(d))
+                               for tg, d in zip(plan.taskgraphs, devices))
+            if len(set(devices)) == 1:
+                path = "%s all on %s" % (", ".join(tg.name for tg in plan.taskgraphs),
+                                         _short(devices[0]))
+            lines.append("    replica %d position %d: %s" % (replica, position, path))
+    return lines
+
+
+def _short(device):
+    """``task:0/device:CPU:2`` of a full device string (the job prefix is the same)."""
+    return device.split("/replica:0/", 1)[-1]
 
 
 def describe_micro_batching(choice):
