@@ -146,3 +146,18 @@ def max_difference(reference, copies, stats="all"):
             if diff > worst:
                 worst, where = diff, name
     return worst, where
+
+
+def run_hybrid(model, arrays, width, head, micro_batches, devices, config=None,
+               steps=STEPS):
+    """Two TaskGraphs ``width`` devices wide: ``epl.replicate(width)`` for stage 0 and
+    ``epl.replicate``/``epl.split(width)`` (``head``) for stage 1, on ``devices`` local
+    devices; without the colocate key each TaskGraph has devices of its own (the seeds'
+    default placement), a pipeline when ``micro_batches`` > 1. Each micro-batch of
+    ``width * model.batch`` rows is split over the stage's devices (a dynamic batch)."""
+    settings = {"pipeline.num_micro_batch": micro_batches}
+    settings.update(config or {})
+    epl.init(epl.Config(settings), cluster=Cluster(devices_per_worker=devices))
+    kinds = (epl.replicate, epl.split if head == "split" else epl.replicate)
+    stage = lambda index: kinds[index](width, name="stage_%d" % index)
+    return _train(model, arrays, steps, stage=stage, batch=width * model.batch, static=False)

@@ -1,0 +1,112 @@
+"""Hybrid parallelism: TaskGraphs of different strategies on their own devices.
+
+The seeds' default placement (no ``cluster.colocate_split_and_replicate``): a
+``replicate(k)`` TaskGraph and a ``split(k)`` (or second ``replicate(k)``) TaskGraph
+each get k devices of their own; a replica is k copies, copy j running position j
+of both, activations and gradients sent between the devices. With
+``pipeline.num_micro_batch`` > 1 the TaskGraphs are pipeline stages k devices wide
+(each micro-batch split over a stage's devices); with more devices than one replica
+needs, data parallelism runs over the replicas. Every layout trains like serial
+training on the global batch (docs/hybrid.md).
+"""
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import corpusutil
+import epl
+from epl.cluster import Cluster
+from eplutil import MEASURED, copy_values
+from realmodels import CORPUS
+from test_split import STEPS, _data, _dataset, _model, _serial
+
+TOL = 2e-5
+# layout: (width k, head kind, micro-batches, devices on the worker)
+LAYOUTS = {
+    "default_r2+s2": (2, "split", 1, 4),
+    "pipeline_r2+s2_m2": (2, "split", 2, 4),
+    "pipeline_r2+r2_m2": (2, "replicate", 2, 4),
+    "pipeline_r1+s1_m2_dp2": (1, "split", 2, 4),
+    "pipeline_r2+s2_m2_dp2": (2, "split", 2, 8),
+}
+
+
+def _record(value):
+    import os
+    MEASURED.append((os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0], value))
+
+
+def _slices(layout):
+    width, _, micro_batches, devices = LAYOUTS[layout]
+    return (devices // (2 * width)) * width * micro_batches
+
+
+def _train_classifier(layout, classes):
+    """The documentation's classifier (dense backbone, ``classes``-way head) under
+    ``layout``; returns (curve, {name: values of every copy})."""
+    width, head, micro_batches, devices = LAYOUTS[layout]
+    batch = 2 * _slices(layout)
+    x, y = _data(batch * STEPS, classes)
+    epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches}),
+             cluster=Cluster(devices_per_worker=devices))
+    scope = epl.split(width) if head == "split" else epl.replicate(width)
+    loss, accuracy = _model(*_dataset(x, y, batch * width // _slices(layout)), classes,
+                            epl.replicate(width), scope, metrics=True)
+    epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)  # over the replicas
+    train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        curve = [sess.run([loss, accuracy, train])[:2] for _ in range(STEPS)]
+        values = dict((n, copy_values(sess, n)) for n in
+                      ("backbone/kernel", "classifier/kernel", "classifier/bias"))
+    plan = epl.Graph.get().parallel.plan
+    assert plan.stages == (0, 1) and not plan.colocated
+    return curve, values
+
+
+@pytest.mark.parametrize("classes", [10, 1001])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_classifier_layout_matches_serial(layout, classes):
+    width, head, _, _ = LAYOUTS[layout]
+    ref_curve, ref = _serial(classes, 2 * _slices(layout))
+    curve, copies = _train_classifier(layout, classes)
+    np.testing.assert_allclose([c[0] for c in curve], [c[0] for c in ref_curve], rtol=1e-5)
+    worst = max(float(np.abs(c - ref["backbone/kernel"]).max())
+                for c in copies["backbone/kernel"])
+    kernels, biases = copies["classifier/kernel"], copies["classifier/bias"]
+    step = width if head == "split" else 1
+    for start in range(0, len(kernels), step):  # one model replica's shards at a time
+        kernel = np.concatenate(kernels[start:start + step], axis=1)
+        bias = np.concatenate(biases[start:start + step], axis=0)
+        worst = max(worst, float(np.abs(kernel - ref["classifier/kernel"]).max()),
+                    float(np.abs(bias - ref["classifier/bias"]).max()))
+    if head == "split":  # every device holds 1/k of the classifier
+        widths = [k.shape[1] for k in kernels[:width]]
+        assert sum(widths) == classes and max(widths) - min(widths) <= 1
+    _record(worst)
+    assert worst < TOL
+
+
+CORPUS_LAYOUTS = ("default_r2+s2", "pipeline_r2+r2_m2", "pipeline_r2+s2_m2")
+
+
+@pytest.mark.parametrize("layout", CORPUS_LAYOUTS)
+@pytest.mark.parametrize("model_class", CORPUS, ids=[c.name for c in CORPUS])
+def test_corpus_layout_matches_serial(model_class, layout):
+    """The real-model corpus (batch norm, an encoder, sparse embedding gradients, odd
+    sizes). Batch-norm moving statistics are compared where one copy's slices are the
+    serial reference's (copy 0 of a layout without micro-batches: "first"); with
+    micro-batches a copy's statistics follow its own slices in another order than the
+    serial loop's, so they are left out (the trained weights are compared)."""
+    width, head, micro_batches, devices = LAYOUTS[layout]
+    model = model_class()
+    slices = _slices(layout)
+    stats = "first" if micro_batches == 1 else "skip"
+    arrays = model.data(slices * model.batch * corpusutil.STEPS)
+    ref_curve, reference = corpusutil.serial_reference(model, arrays, slices, stats=stats)
+    curve, copies = corpusutil.run_hybrid(model, arrays, width, head, micro_batches, devices)
+    worst, where = corpusutil.max_difference(reference, copies, stats)
+    _record(worst)
+    assert worst < TOL, "%s differs from serial training by %.3g" % (where, worst)
+    assert set(reference) - {"global_step"} <= set(copies), "copies missing variables"
+    np.testing.assert_allclose(curve, ref_curve, rtol=1e-5, atol=1e-6)
