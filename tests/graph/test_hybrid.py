@@ -42,14 +42,15 @@ def _slices(layout):
     return (devices // (2 * width)) * width * micro_batches
 
 
-def _train_classifier(layout, classes):
+def _train_classifier(layout, classes, config=None):
     """The documentation's classifier (dense backbone, ``classes``-way head) under
-    ``layout``; returns (curve, {name: values of every copy})."""
+    ``layout`` (and ``config``); returns (curve, {name: values of every copy})."""
     width, head, micro_batches, devices = LAYOUTS[layout]
     batch = 2 * _slices(layout)
     x, y = _data(batch * STEPS, classes)
-    epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches}),
-             cluster=Cluster(devices_per_worker=devices))
+    settings = {"pipeline.num_micro_batch": micro_batches}
+    settings.update(config or {})
+    epl.init(epl.Config(settings), cluster=Cluster(devices_per_worker=devices))
     scope = epl.split(width) if head == "split" else epl.replicate(width)
     loss, accuracy = _model(*_dataset(x, y, batch * width // _slices(layout)), classes,
                             epl.replicate(width), scope, metrics=True)
@@ -68,9 +69,46 @@ def _train_classifier(layout, classes):
 @pytest.mark.parametrize("classes", [10, 1001])
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_classifier_layout_matches_serial(layout, classes):
+    _check_classifier(layout, classes)
+
+
+SAVERS = {
+    "gc": {"gradient_checkpoint.type": "auto"},
+    "offload": {"offload.level": "v0"},
+    "grouped_apply": {"optimizer.num_apply_group": 2},
+    "zero_v1": {"zero.level": "v1"},
+}
+
+
+# (saver, head kind, stages wider than one device): the refusal naming both settings
+_REFUSED = {
+    ("zero_v1", "split", True): r"zero.level=.v1. does not partition the optimizer states "
+                                r"of epl.split layers",
+    ("zero_v1", "split", False): r"zero.level=.v1. does not partition the optimizer "
+                                 r"states of epl.split layers",
+    ("offload", "split", True): r"offload.level=.v0. does not support TaskGraphs .*"
+                                r"device_count > 1",
+    ("offload", "replicate", True): r"offload.level=.v0. does not support TaskGraphs .*"
+                                    r"device_count > 1",
+}
+
+
+@pytest.mark.parametrize("saver", sorted(SAVERS))
+@pytest.mark.parametrize("layout", ["default_r2+s2", "pipeline_r2+s2_m2",
+                                    "pipeline_r2+r2_m2", "pipeline_r1+s1_m2_dp2"])
+def test_memory_savers_compose_with_hybrid_layouts(layout, saver):
+    refusal = _REFUSED.get((saver, LAYOUTS[layout][1], LAYOUTS[layout][0] > 1))
+    if refusal is not None:
+        with pytest.raises(Exception, match=refusal):
+            _train_classifier(layout, 10, SAVERS[saver])
+        return
+    _check_classifier(layout, 10, SAVERS[saver])
+
+
+def _check_classifier(layout, classes, config=None):
     width, head, _, _ = LAYOUTS[layout]
     ref_curve, ref = _serial(classes, 2 * _slices(layout))
-    curve, copies = _train_classifier(layout, classes)
+    curve, copies = _train_classifier(layout, classes, config)
     np.testing.assert_allclose([c[0] for c in curve], [c[0] for c in ref_curve], rtol=1e-5)
     worst = max(float(np.abs(c - ref["backbone/kernel"]).max())
                 for c in copies["backbone/kernel"])
