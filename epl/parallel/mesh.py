@@ -136,4 +136,3 @@ def spmd_copies(layout_devices, worker, worker_of):
                 devices = tuple(tg[replica][position] for tg in layout_devices)
                 copies.append(Copy(len(copies), replica, position, devices))
     return copies
-

@@ -107,9 +107,9 @@ def ensure_synced(session, program, run):
                 LOG.info("EPL synchronized replica variables with worker 0's replica 0")
         restored = _RESTORED.get(session)
         for step in program.after_sync:
-            step(lambda fetches, feed: guarded(program, [getattr(fetches, "op", fetches)],
-                                               lambda options: run(session, fetches, feed, options)),
-                 restored)
+            step(lambda fetches, feed: guarded(
+                program, [getattr(fetches, "op", fetches)],
+                lambda options: run(session, fetches, feed, options)), restored)
         _SYNCED[session] = True
 
 
