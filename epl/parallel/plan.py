@@ -188,7 +188,7 @@ def _describe(plan):
         lines.append("  gradient accumulation over %d micro-batches" % plan.num_micro_batch)
     if plan.colocated:
         lines.append("  TaskGraphs colocated (cluster.colocate_split_and_replicate)")
-    if len(plan.taskgraphs) > 1:
+    if plan.stages:  # TaskGraphs on devices of their own (colocated ones share each device)
         lines += _describe_copies(plan)
     for tg in plan.taskgraphs:
         lines.append("  taskgraph %d %r %s(device_count=%d): mesh %s"
@@ -211,9 +211,6 @@ def _describe_copies(plan):
             devices = [tg.devices[replica][position] for tg in plan.taskgraphs]
             path = " -> ".join("%s@%s" % (tg.name, _short(d))
                                for tg, d in zip(plan.taskgraphs, devices))
-            if len(set(devices)) == 1:
-                path = "%s all on %s" % (", ".join(tg.name for tg in plan.taskgraphs),
-                                         _short(devices[0]))
             lines.append("    replica %d position %d: %s" % (replica, position, path))
     return lines
 
