@@ -18,7 +18,7 @@ import epl
 from epl.cluster import Cluster
 from eplutil import MEASURED, copy_values
 from realmodels import CORPUS
-from test_split import STEPS, _data, _dataset, _model, _serial
+from test_split import STEPS, _data, _dataset, _model, _serial, _train_and_save
 
 TOL = 2e-5
 # layout: (width k, head kind, micro-batches, devices on the worker)
@@ -158,41 +158,19 @@ def test_corpus_layout_matches_serial(model_class, layout):
     np.testing.assert_allclose(curve, ref_curve, rtol=1e-5, atol=1e-6)
 
 
-def _save_after(path, colocate, width, devices, restore=None, steps=1, classes=11):
-    """Train ``steps`` under (colocate, width) on ``devices`` (after restoring
-    ``restore``), save to ``path``; returns this layout's assembled classifier kernel
-    and its momentum (one replica's shards)."""
-    batch = 4 * width
-    x, y = _data(batch * max(steps, 1), classes)
-    epl.init(epl.Config({"cluster.colocate_split_and_replicate": colocate}),
-             cluster=Cluster(devices_per_worker=devices))
-    loss, _ = _model(*_dataset(x, y, batch), classes, epl.replicate(width), epl.split(width))
-    train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
-    saver = tf.train.Saver()
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        if restore:
-            saver.restore(sess, restore)
-        for _ in range(steps):
-            sess.run(train)
-        saver.save(sess, path)
-        return [np.concatenate(copy_values(sess, name)[:width], 1)
-                for name in ("classifier/kernel", "classifier/kernel/Momentum")]
-
-
 def test_checkpoint_of_the_default_placement_restores_on_another_layout(tmp_path):
     """replicate(2) + split(2) on their own devices saves every shard as a slice of the
     whole variable (slots too); colocated split(4) on the same 4 devices restores it."""
-    saved = _save_after(str(tmp_path / "default"), False, 2, 4)
+    saved = _train_and_save(11, 4, str(tmp_path / "default"), width=2, colocate=False)
     reader = tf.train.load_checkpoint(str(tmp_path / "default"))
     assert reader.get_variable_to_shape_map()["classifier/kernel"] == [8, 11]
     np.testing.assert_allclose(reader.get_tensor("classifier/kernel"), saved[0], atol=0)
     np.testing.assert_allclose(reader.get_tensor("classifier/kernel/Momentum"), saved[1],
                                atol=0)
-    restored = _save_after(str(tmp_path / "colocated"), True, 4, 4,
-                           restore=str(tmp_path / "default"), steps=0)
+    restored = _train_and_save(11, 4, str(tmp_path / "colocated"),
+                               restore=str(tmp_path / "default"), steps=0)
     np.testing.assert_allclose(restored[0], saved[0], atol=0)
     np.testing.assert_allclose(restored[1], saved[1], atol=0)
-    back = _save_after(str(tmp_path / "again"), False, 2, 4,
-                       restore=str(tmp_path / "colocated"), steps=0)
+    back = _train_and_save(11, 4, str(tmp_path / "again"), restore=str(tmp_path / "colocated"),
+                           steps=0, width=2, colocate=False)
     np.testing.assert_allclose(back[0], saved[0], atol=0)
