@@ -174,3 +174,28 @@ def test_checkpoint_of_the_default_placement_restores_on_another_layout(tmp_path
     back = _train_and_save(11, 4, str(tmp_path / "again"), restore=str(tmp_path / "colocated"),
                            steps=0, width=2, colocate=False)
     np.testing.assert_allclose(back[0], saved[0], atol=0)
+
+
+def test_split_stage_holds_one_kth_of_its_weights_and_slots_per_device():
+    """Default placement, replicate(2) + split(2) on 4 devices, 1001 classes: the
+    classifier's kernel, bias and their momentum live only on the split stage's two
+    devices, 501 and 500 columns each; the backbone's devices hold none of them."""
+    _train_classifier("default_r2+s2", 1001)
+    # _train_classifier closed its session: read the placement from the program
+    program = epl.Graph.get().parallel
+    names = [n for n in program.variable_copies if n.startswith("classifier/")]
+    assert sorted(names) == ["classifier/bias", "classifier/bias/Momentum",
+                             "classifier/kernel", "classifier/kernel/Momentum"]
+    plan = program.plan
+    split_devices = plan.taskgraphs[1].devices[0]
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for name in names:
+            columns = {}
+            for var_op in program.variable_copies[name]:
+                value = sess.run(var_op.outputs[0]) if var_op.type == "VariableV2" else \
+                    sess.run(tf.raw_ops.ReadVariableOp(resource=var_op.outputs[0],
+                                                       dtype=tf.float32))
+                columns[var_op.device] = value.shape[-1]
+            assert set(columns) == set(split_devices), (name, columns)
+            assert sorted(columns.values()) == [500, 501], (name, columns)
