@@ -17,7 +17,7 @@ the rewritten graph in one run: the tensors an op reads from another compute dev
 ops (split layers' gathers, gradient all-reduces).
 The D virtual devices share this machine's cores; numbers are for comparing rows.
 
-    .venv/bin/python benchmarks/hybrid.py [--devices 4] [--classes 20000]
+    .venv/bin/python benchmarks/hybrid.py [--devices 4] [--classes 5000,20000]
 """
 import argparse
 import os
@@ -89,6 +89,7 @@ def child(args):
     import epl
     from epl.cluster import Cluster
     _, colocate, micro_batches = LAYOUTS[args.child_layout]
+    args.classes = args.classes[0]  # one size per child
     width = args.devices // 2
     replicas = 2 if colocate else 1
     args.batch_read = args.batch // (replicas * micro_batches)
@@ -119,26 +120,29 @@ def child(args):
                        "replicas": replicas, "width": width})
 
 
-def run_child(args, index):
-    argv = [sys.executable, os.path.abspath(__file__), "--child-layout", str(index)]
-    for name in ("devices", "classes", "features", "batch", "steps", "warmup", "timeout"):
+def run_child(args, index, classes):
+    argv = [sys.executable, os.path.abspath(__file__), "--child-layout", str(index),
+            "--classes", str(classes)]
+    for name in ("devices", "features", "batch", "steps", "warmup", "timeout"):
         argv += ["--" + name, str(getattr(args, name))]
     payload = common.run_single(argv, args.timeout, "hybrid benchmark %s" % LAYOUTS[index][0],
                                 extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"},
                                 drop_env=[k for k in os.environ if k.startswith("EPL_")])
-    print("%s: %.1f ms/step" % (payload["layout"], payload["step_ms"]), flush=True)
+    payload["classes"] = classes
+    print("%s, %d classes: %.1f ms/step" % (payload["layout"], classes, payload["step_ms"]),
+          flush=True)
     return payload
 
 
 def report(args, results, seconds):
     mb = lambda b: "%.2f" % (b / 1e6)
-    rows = [(r["layout"], r["replicas"], r["width"], "%.1f" % r["step_ms"],
+    rows = [(r["classes"], r["layout"], r["replicas"], r["width"], "%.1f" % r["step_ms"],
              mb(r["recv_bytes"]), mb(r["collective_bytes"]),
              mb(r["recv_bytes"] + r["collective_bytes"])) for r in results]
     markdown = "\n".join([
-        "# Hybrid layouts: default placement vs colocated (%d devices, %d classes, "
-        "global batch %d)" % (args.devices, args.classes, args.batch), "",
-        common.markdown_table(["layout", "replicas", "k", "step ms", "sent MB (device to device)",
+        "# Hybrid layouts: default placement vs colocated (%d devices, global batch %d)"
+        % (args.devices, args.batch), "",
+        common.markdown_table(["classes", "layout", "replicas", "k", "step ms", "sent MB (device to device)",
                                "into collectives MB", "moved MB/step"], rows), "",
         "Command: `%s`" % common.format_command(["benchmarks/hybrid.py"] + sys.argv[1:]),
         "", "Virtual CPU devices share the machine's cores; compare rows, not machines."])
@@ -150,7 +154,8 @@ def report(args, results, seconds):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, default=4)
-    parser.add_argument("--classes", type=int, default=20000)
+    parser.add_argument("--classes", type=common.csv_list(int), default=[5000, 20000],
+                        help="classifier sizes (a child gets one)")
     parser.add_argument("--features", type=int, default=256)
     parser.add_argument("--batch", type=int, default=64, help="global batch")
     parser.add_argument("--steps", type=int, default=10)
@@ -163,7 +168,8 @@ def main(argv=None):
         child(args)
         return 0
     start = time.time()
-    results = [run_child(args, index) for index in range(len(LAYOUTS))]
+    results = [run_child(args, index, classes) for classes in args.classes
+               for index in range(len(LAYOUTS))]
     return report(args, results, time.time() - start)
 
 
