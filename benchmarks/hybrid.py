@@ -142,8 +142,9 @@ def report(args, results, seconds):
     markdown = "\n".join([
         "# Hybrid layouts: default placement vs colocated (%d devices, global batch %d)"
         % (args.devices, args.batch), "",
-        common.markdown_table(["classes", "layout", "replicas", "k", "step ms", "sent MB (device to device)",
-                               "into collectives MB", "moved MB/step"], rows), "",
+        common.markdown_table(["classes", "layout", "replicas", "k", "step ms",
+                               "sent MB (device to device)", "into collectives MB",
+                               "moved MB/step"], rows), "",
         "Command: `%s`" % common.format_command(["benchmarks/hybrid.py"] + sys.argv[1:]),
         "", "Virtual CPU devices share the machine's cores; compare rows, not machines."])
     payload = {"results": results, "environment": common.environment_info(sys.argv),
