@@ -161,3 +161,19 @@ def run_hybrid(model, arrays, width, head, micro_batches, devices, config=None,
     kinds = (epl.replicate, epl.split if head == "split" else epl.replicate)
     stage = lambda index: kinds[index](width, name="stage_%d" % index)
     return _train(model, arrays, steps, stage=stage, batch=width * model.batch, static=False)
+
+
+def run_workers_hybrid(model, arrays, workers, devices, width, micro_batches, steps=STEPS):
+    """:func:`run_hybrid` with two ``replicate(width)`` stages on ``workers`` in-process
+    workers x ``devices``: each worker reads its own part of every step's global batch
+    (one replica per worker when ``devices == 2 * width``)."""
+    per_worker = (devices // (2 * width)) * width * micro_batches * model.batch
+
+    def worker(index):
+        rows = [worker_rows(a, steps, workers, per_worker, index) for a in arrays]
+        stage = lambda i: epl.replicate(width, name="stage_%d" % i)
+        return _train(model, rows, steps, stage=stage, batch=width * model.batch,
+                      static=False)
+
+    config = epl.Config({"pipeline.num_micro_batch": micro_batches})
+    return run_workers(worker, workers, devices, config, timeout=240)

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
+import corpusutil
 import epl
 from eplutil import MEASURED, copy_values, run_workers, worker_rows
+from realmodels import CORPUS
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "graph"))
 from test_split import STEPS, _data, _dataset, _model, _serial  # noqa: E402
@@ -59,3 +61,21 @@ def test_default_placement_on_two_workers_matches_serial(micro_batches, classes,
                                      - ref["classifier/bias"]).max()))
     MEASURED.append((os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0], worst))
     assert worst < 2e-5
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("model_class", CORPUS, ids=[c.name for c in CORPUS])
+def test_corpus_pipeline_of_wide_stages_on_two_workers(model_class):
+    """The corpus in a pipeline of two replicate(2) stages (2 micro-batches), one replica
+    per worker (2 workers x 4 devices). Moving statistics follow each copy's own slices
+    (not the serial loop's order) and are left out; the trained weights are compared."""
+    model = model_class()
+    slices = WORKERS * WIDTH * 2
+    arrays = model.data(slices * model.batch * corpusutil.STEPS)
+    _, reference = corpusutil.serial_reference(model, arrays, slices, stats="skip")
+    results = corpusutil.run_workers_hybrid(model, arrays, WORKERS, DEVICES, WIDTH, 2)
+    for worker, (_, copies) in enumerate(results):
+        worst, where = corpusutil.max_difference(reference, copies, "skip")
+        MEASURED.append((os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0], worst))
+        assert worst < 2e-5, "worker %d: %s differs from serial training by %.3g" % (
+            worker, where, worst)
