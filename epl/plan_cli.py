@@ -13,7 +13,7 @@ import sys
 
 from epl.cluster import Cluster
 from epl.config import Config
-from epl.parallel.plan import TaskGraphSpec, make_plan
+from epl.parallel.plan import PlanError, TaskGraphSpec, make_plan
 from epl.profiler import memory_estimate
 from epl.profiler.memory_estimate import MemoryEstimateError
 
@@ -51,7 +51,10 @@ def main(argv=None):
     config = Config(dict((k, _value(v)) for k, v in (c.split("=", 1) for c in args.config)))
     hosts = ["worker%d:2222" % i for i in range(args.workers)] if args.workers > 1 else None
     cluster = Cluster(hosts, 0, args.devices)
-    plan = make_plan(config, cluster, _cli_specs(args.taskgraphs))
+    try:
+        plan = make_plan(config, cluster, _cli_specs(args.taskgraphs))
+    except PlanError as err:
+        parser.exit(2, "plan_cli: the plan is refused: %s\n" % err)
     print(plan)
     for worker in range(args.workers):
         copies = plan.copies_of(worker)

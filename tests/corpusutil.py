@@ -146,3 +146,34 @@ def max_difference(reference, copies, stats="all"):
             if diff > worst:
                 worst, where = diff, name
     return worst, where
+
+
+def run_hybrid(model, arrays, width, head, micro_batches, devices, config=None,
+               steps=STEPS):
+    """Two TaskGraphs ``width`` devices wide: ``epl.replicate(width)`` for stage 0 and
+    ``epl.replicate``/``epl.split(width)`` (``head``) for stage 1, on ``devices`` local
+    devices; without the colocate key each TaskGraph has devices of its own (the seeds'
+    default placement), a pipeline when ``micro_batches`` > 1. Each micro-batch of
+    ``width * model.batch`` rows is split over the stage's devices (a dynamic batch)."""
+    settings = {"pipeline.num_micro_batch": micro_batches}
+    settings.update(config or {})
+    epl.init(epl.Config(settings), cluster=Cluster(devices_per_worker=devices))
+    kinds = (epl.replicate, epl.split if head == "split" else epl.replicate)
+    stage = lambda index: kinds[index](width, name="stage_%d" % index)
+    return _train(model, arrays, steps, stage=stage, batch=width * model.batch, static=False)
+
+
+def run_workers_hybrid(model, arrays, workers, devices, width, micro_batches, steps=STEPS):
+    """:func:`run_hybrid` with two ``replicate(width)`` stages on ``workers`` in-process
+    workers x ``devices``: each worker reads its own part of every step's global batch
+    (one replica per worker when ``devices == 2 * width``)."""
+    per_worker = (devices // (2 * width)) * width * micro_batches * model.batch
+
+    def worker(index):
+        rows = [worker_rows(a, steps, workers, per_worker, index) for a in arrays]
+        stage = lambda i: epl.replicate(width, name="stage_%d" % i)
+        return _train(model, rows, steps, stage=stage, batch=width * model.batch,
+                      static=False)
+
+    config = epl.Config({"pipeline.num_micro_batch": micro_batches})
+    return run_workers(worker, workers, devices, config, timeout=240)

@@ -90,8 +90,28 @@ def _check_fits(total, per_replica, counts, worker_num, devices_per_worker, colo
         need = "one model replica needs %d devices (%s)" % (per_replica, parts)
     raise LayoutError(
         "%s, but the job has %d devices (%d workers x %d devices); %d is not a "
-        "multiple of %d" % (need, total, worker_num, devices_per_worker, total,
-                            per_replica))
+        "multiple of %d. Layouts that fit: %s" % (
+            need, total, worker_num, devices_per_worker, total, per_replica,
+            "; ".join(fitting_layouts(total, counts, colocate))))
+
+
+def fitting_layouts(total, counts, colocate):
+    """What would fit ``total`` devices instead of ``counts`` (for error messages):
+    the colocate key, one device_count k for every TaskGraph, or a device total."""
+    options = []
+    width = max(counts)
+    if not colocate and len(set(counts)) == 1 and total % width == 0:
+        options.append("cluster.colocate_split_and_replicate=True (every TaskGraph of a "
+                       "replica on the same %d devices: %d model replica(s))"
+                       % (width, total // width))
+    per_copy = 1 if colocate else len(counts)
+    widths = [k for k in range(1, total + 1) if total % (k * per_copy) == 0]
+    if widths:
+        options.append("device_count k in %s for every TaskGraph%s" % (
+            widths, "" if colocate else " (each on k devices of its own)"))
+    need = max(counts) if colocate else sum(counts)
+    options.append("a job with a multiple of %d devices" % need)
+    return options
 
 
 def _device_count(count, index, names):

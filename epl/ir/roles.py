@@ -150,8 +150,12 @@ def classify(view, keep_init=()):
         if (op.name in init_only and not is_variable(op)) or op.name in helpers:
             continue
         cloned.append(op)
-        if "CPU" in op.device.upper() or any(t.op.type in TABLE_TYPES for t in op.inputs):
-            pinned.add(op.name)  # a table's readers run where the table is
+        # a table's readers run where the table is. A specialized op was placed on
+        # copy 0's device by its builder (a split layer's collective): not the user's
+        # pin, even when compute devices are CPUs
+        if (not specialized and "CPU" in op.device.upper()) or \
+                any(t.op.type in TABLE_TYPES for t in op.inputs):
+            pinned.add(op.name)
         if is_variable(op):
             variables.append(op)
     return Roles(cloned, shared, variables, step, pinned, needed, init_only)

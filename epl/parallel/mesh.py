@@ -124,9 +124,10 @@ def taskgraph_groups(name, kind, devices, worker_of):
 
 
 def spmd_copies(layout_devices, worker, worker_of):
-    """Copies of one worker when every TaskGraph of a replica shares its positions
-    (a single TaskGraph, or TaskGraphs colocated on the same devices): each worker
-    builds the (replica, position) pairs whose device it owns."""
+    """Copies of one worker when every TaskGraph of a replica has the same width: each
+    worker builds the (replica, position) pairs whose first TaskGraph's device it
+    owns; the copy runs position j of every TaskGraph (on the same devices when
+    they are colocated, on each TaskGraph's own devices otherwise)."""
     first = layout_devices[0]
     copies = []
     for replica, row in enumerate(first):
@@ -135,9 +136,3 @@ def spmd_copies(layout_devices, worker, worker_of):
                 devices = tuple(tg[replica][position] for tg in layout_devices)
                 copies.append(Copy(len(copies), replica, position, devices))
     return copies
-
-
-def pipeline_copies(layout_devices, replicas):
-    """Copies of one worker that drives whole pipeline replicas (one device per stage)."""
-    return [Copy(index, replica, 0, tuple(tg[replica][0] for tg in layout_devices))
-            for index, replica in enumerate(replicas)]

@@ -123,20 +123,29 @@ class Plan(collections.namedtuple("Plan", [
     def spmd(self):
         """Every TaskGraph of a replica shares its positions (one TaskGraph, or
         colocated TaskGraphs): each worker builds the copies on its own devices.
-        Otherwise a replica is a pipeline of stages built by one driver worker."""
+        Otherwise a replica is a pipeline of stages (see :attr:`aligned`)."""
         return not self.stages
 
-    def driver_of(self, replica):
-        """Worker that builds pipeline replica ``replica`` (owner of its first device)."""
-        return self.worker_of[self.taskgraphs[0].devices[replica][0]]
+    @property
+    def aligned(self):
+        """Every TaskGraph of a replica has the same width k (device_count), so a
+        replica is k copies: copy j runs position j of every TaskGraph (the batch
+        slice j of a ``replicate(k)`` stage, shard j of a ``split(k)`` stage) and
+        sends its activations and gradients between the TaskGraphs' devices. In the
+        seeds' default placement (TaskGraphs on their own devices) that is k
+        pipelines side by side; colocated, it is the SPMD copies."""
+        return len(set(tg.device_count for tg in self.taskgraphs)) == 1
+
+    def driver_of(self, replica, position=0):
+        """Worker that builds copy ``position`` of replica ``replica`` (the owner of
+        its first TaskGraph's device)."""
+        return self.worker_of[self.taskgraphs[0].devices[replica][position]]
 
     def copies_of(self, worker):
-        """The :class:`epl.parallel.mesh.Copy` records ``worker`` builds, in order."""
+        """The :class:`epl.parallel.mesh.Copy` records ``worker`` builds, in order:
+        the (replica, position) pairs whose first TaskGraph's device it owns."""
         layout = [tg.devices for tg in self.taskgraphs]
-        if self.spmd:
-            return _mesh.spmd_copies(layout, worker, self.worker_of)
-        replicas = [r for r in range(self.num_replicas) if self.driver_of(r) == worker]
-        return _mesh.pipeline_copies(layout, replicas)
+        return _mesh.spmd_copies(layout, worker, self.worker_of)
 
     def replicas_of(self, worker):
         """Model replicas of which ``worker`` builds at least one copy."""
@@ -179,6 +188,8 @@ def _describe(plan):
         lines.append("  gradient accumulation over %d micro-batches" % plan.num_micro_batch)
     if plan.colocated:
         lines.append("  TaskGraphs colocated (cluster.colocate_split_and_replicate)")
+    if plan.stages:  # TaskGraphs on devices of their own (colocated ones share each device)
+        lines += _describe_copies(plan)
     for tg in plan.taskgraphs:
         lines.append("  taskgraph %d %r %s(device_count=%d): mesh %s"
                      % (tg.index, tg.name, tg.kind, tg.device_count, tg.mesh))
@@ -188,6 +199,25 @@ def _describe(plan):
         lines += ["      " + str(group) for group in tg.groups]
     lines.append("  " + str(plan.host_group))
     return lines
+
+
+def _describe_copies(plan):
+    """Per model replica, each copy's device in every TaskGraph: what runs where
+    and where activations and gradients cross devices."""
+    lines = ["  copies (position j of every TaskGraph; '->' sends activations forward "
+             "and gradients back):"]
+    for replica in range(plan.num_replicas):
+        for position in range(plan.taskgraphs[0].device_count):
+            devices = [tg.devices[replica][position] for tg in plan.taskgraphs]
+            path = " -> ".join("%s@%s" % (tg.name, _short(d))
+                               for tg, d in zip(plan.taskgraphs, devices))
+            lines.append("    replica %d position %d: %s" % (replica, position, path))
+    return lines
+
+
+def _short(device):
+    """``task:0/device:CPU:2`` of a full device string (the job prefix is the same)."""
+    return device.split("/replica:0/", 1)[-1]
 
 
 def describe_micro_batching(choice):
@@ -221,6 +251,9 @@ def make_plan(config, cluster, specs):
     plan = Plan(cluster.worker_num, cluster.gpu_num_per_worker, cluster.device_type,
                 len(layout), taskgraphs, config.pipeline.num_micro_batch,
                 config.pipeline.strategy, None, colocate, worker_of, hosts, None)
+    if not plan.aligned:
+        raise PlanError(unaligned_message(plan))
+    _refuse_forward_first_split_stages(plan)
     if plan.pipeline:
         plan = plan._replace(schedule=_schedule_for(config, plan))
     if plan.pipeline or _local_replicas(plan):
@@ -250,8 +283,34 @@ def choose_micro_batching(key):
 
 
 def _local_replicas(plan):
-    """True when some worker builds two or more copies of a data-parallel model."""
-    return plan.spmd and any(len(plan.copies_of(w)) > 1 for w in range(plan.worker_num))
+    """True when some worker builds two or more copies (data-parallel replicas, or
+    the positions of stages k devices wide)."""
+    return plan.aligned and any(len(plan.copies_of(w)) > 1 for w in range(plan.worker_num))
+
+
+def _refuse_forward_first_split_stages(plan):
+    """PreferForward (all forwards first) with a split stage several devices wide builds a
+    graph with a cycle (measured: the split layers' per-copy collectives and the
+    schedule's barriers); refused naming both settings until it is lowered."""
+    wide = [tg.name for tg in plan.taskgraphs if tg.kind == _mesh.SPLIT and tg.device_count > 1]
+    if plan.pipeline and plan.strategy == "PreferForward" and wide:
+        raise PlanError(
+            "pipeline.strategy='PreferForward' is not supported with epl.split pipeline stages "
+            "several devices wide (%s) in this EPL version; use pipeline.strategy="
+            "'PreferBackward' (the default) or 'ZeroBubble', or set "
+            "cluster.colocate_split_and_replicate=True" % ", ".join(wide))
+
+
+def unaligned_message(plan):
+    """Why TaskGraphs of different widths cannot share a replica, and what would work."""
+    widths = ", ".join("%s: %s(%d)" % (tg.name, tg.kind, tg.device_count)
+                       for tg in plan.taskgraphs)
+    return ("the TaskGraphs of one model replica have different device_count (%s); this "
+            "EPL version builds a replica as k copies, copy j running position j of every "
+            "TaskGraph, so every TaskGraph needs the same device_count k (for example "
+            "replicate(device_count=k) and split(k)). Give them the same device_count "
+            "(cluster.colocate_split_and_replicate=True then places them on the same k "
+            "devices; without it each TaskGraph gets k devices of its own)" % widths)
 
 
 def _taskgraph_plan(index, spec, layout, cluster, worker_of):

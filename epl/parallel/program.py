@@ -6,8 +6,10 @@ with it (:class:`FetchMap`, the one place where EPL changes a fetch, with the
 reasons), and how to bring replicas in sync before the first step.
 """
 import logging
+import re
 import threading
 
+from epl.communicators.keys import stable_key
 from epl.ir.traverse import ancestors
 
 LOG = logging.getLogger("epl")
@@ -176,6 +178,15 @@ class ParallelProgram(object):
             self._reach_cache[key] = tuple(sorted(groups))
         return self._reach_cache[key]
 
+    def collective_graph_key(self, ops):
+        """The collective graph key of a run of ``ops``: the same on every worker
+        (a stable hash of the names of the groups it reaches that span workers), or
+        None when it reaches none (see :func:`epl.session.runner.keyed_options`)."""
+        devices = dict(self.groups)
+        spanning = [g for g in self.groups_reached(ops)
+                    if len(set(_task_of(d) for d in devices.get(g, ()))) > 1]
+        return stable_key("collective graph", *spanning) if spanning else None
+
     def timeout_message(self, groups, elapsed):
         devices = dict(self.groups)
         lines = ["EPL collective timeout: a session.run on %s has waited %.0f s (limit "
@@ -196,3 +207,9 @@ class ParallelProgram(object):
     def __repr__(self):
         return ("ParallelProgram(worker=%d, copies=%d, groups=%d, merged=%d)"
                 % (self.worker, self.num_copies, len(self.groups), len(self.fetches.merged)))
+
+
+def _task_of(device):
+    """The task index in a device string (None for a one-process job's devices)."""
+    match = re.search(r"/task:(\d+)", device)
+    return int(match.group(1)) if match else None

@@ -38,7 +38,6 @@ from epl.parallel.passes.steps import SharedStepDependencies
 from epl.parallel.passes.sync import VariableSync
 from epl.parallel.plan import make_plan, specs_from_graph
 from epl.parallel.repeat import RepeatStep
-from epl.ir.taskgraph import SPLIT
 
 LOG = logging.getLogger("epl")
 
@@ -121,20 +120,8 @@ def parallelize(view, config, cluster, plan=None, passes=PASSES):
 
 
 def _check_supported(plan, cluster):
-    """Fail clearly on combinations later passes do not handle yet."""
-    split = [tg.name for tg in plan.taskgraphs if tg.kind == SPLIT]
-    if split and not plan.spmd:
-        raise NotImplementedError(
-            "epl.split TaskGraph(s) %s share model replicas with TaskGraphs on other devices "
-            "(a pipeline), which this EPL version does not support; set "
-            "cluster.colocate_split_and_replicate=True so that the split and replicate parts "
-            "use the same devices, as the documentation's examples do" % split)
-    if not plan.spmd and any(tg.device_count > 1 for tg in plan.taskgraphs):
-        raise NotImplementedError(
-            "device_count > 1 is supported for a single TaskGraph or for TaskGraphs "
-            "colocated with cluster.colocate_split_and_replicate=True; this graph has %d "
-            "pipeline stages with device_count %s"
-            % (len(plan.taskgraphs), [tg.device_count for tg in plan.taskgraphs]))
+    """Fail clearly on what the passes cannot build (TaskGraphs of different widths
+    in one replica are refused by the plan itself)."""
     if not plan.copies_of(cluster.worker_index):
         raise ValueError("worker %d builds no model replica; it should only serve its "
                          "devices (see epl.session.serving)" % cluster.worker_index)

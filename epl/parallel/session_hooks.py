@@ -159,7 +159,8 @@ def _wrap_session_run(original, provider):
             training = snapshots.before_run(self, program, original, ops, feed_dict)
             ensure_synced(self, program, original)
         values = guarded(program, ops,
-                         lambda: original(self, flat, feed_dict, options, run_metadata))
+                         lambda keyed: original(self, flat, feed_dict, keyed, run_metadata),
+                         options)
         if initializing:
             mark_initialized(self, program)
         snapshots.after_run(self, program, original, training)
@@ -180,7 +181,8 @@ def _wrap_make_callable(original, provider):
         if program is None:
             return original(self, fetches, feed_list, accept_options)
         mapper, flat, count = _expand(self.graph, program, fetches)
-        inner = original(self, flat, feed_list, accept_options)
+        # options always accepted: a run crossing workers carries its collective graph key
+        inner = original(self, flat, feed_list, True)
         ops = _ops_of(flat)
         initializing = _initializes_variables(program, self.graph, ops)
 
@@ -190,7 +192,9 @@ def _wrap_make_callable(original, provider):
             if not initializing:
                 training = snapshots.before_run(self, program, run, ops, None)
                 ensure_synced(self, program, run)
-            values = guarded(program, ops, lambda: inner(*args, **kwargs))
+            options = kwargs.pop("options", None) if accept_options else None
+            values = guarded(program, ops,
+                             lambda keyed: inner(*args, options=keyed, **kwargs), options)
             if initializing:
                 mark_initialized(self, program)
             snapshots.after_run(self, program, run, training)

@@ -62,13 +62,14 @@ class Offload(Pass):
 
     name = "offload"
     phase = REPLICATE
-    reads = ("view", "cluster")
+    reads = ("view", "cluster", "plan")
     writes = ("graph", "roles")
 
     def applies(self, ctx):
         return ctx.config.offload.level == "v0"
 
     def run(self, ctx):
+        refuse_wide_stages(ctx.plan)
         host_ops = offloaded_ops(ctx)
         uses = weight_uses(ctx, host_ops)
         for op in ctx.roles.cloned:
@@ -78,6 +79,19 @@ class Offload(Pass):
             tf_adapter.set_device(op, ctx.host)
         for consumer, tensors in uses:
             just_in_time_reads(ctx, consumer, tensors, host_ops)
+
+
+def refuse_wide_stages(plan):
+    """Offload is not built for TaskGraphs on devices of their own that are several
+    devices wide (measured: the run pulls more batches than the step has); refused,
+    naming both settings, rather than training on the wrong rows."""
+    wide = [tg for tg in plan.taskgraphs if tg.device_count > 1]
+    if plan.stages and wide:
+        raise ValueError(
+            "offload.level='v0' does not support TaskGraphs placed on devices of their own "
+            "with device_count > 1 (%s) in this EPL version; remove offload.level, use "
+            "device_count=1 per TaskGraph, or set cluster.colocate_split_and_replicate=True"
+            % ", ".join("%s: %s(%d)" % (tg.name, tg.kind, tg.device_count) for tg in wide))
 
 
 def _to_host(ctx, op):

@@ -135,11 +135,29 @@ def load_by_device(table, nbytes):
 
 
 def _nbytes(var):
+    """Bytes of ``var``, or None when its shape is not static (a split layer's shard,
+    whose width differs per copy: it has no owner; others are refused by
+    :func:`check_static_sizes`, when the rewrite knows which variables are shards)."""
     shape = var.shape
     if not shape.is_fully_defined():
-        raise ZeroError("ZeRO needs static variable shapes to balance owners; %s has %s"
-                        % (var.op.name, shape))
+        return None
     return shape.num_elements() * var.dtype.base_dtype.size
+
+
+def check_static_sizes(record, sharded):
+    """ZeRO balances owners by bytes: every variable needs a static size. Shards of
+    split layers are refused: each device already holds 1/k of their weights and
+    slots, and ZeRO's state initializers do not build per-shard slots."""
+    shards = sorted(n for n in record.variables if n in sharded)
+    if shards:
+        raise ZeroError("zero.level=%r does not partition the optimizer states of epl.split "
+                        "layers (their variables %s): a split layer already keeps 1/k of its "
+                        "weights and slots on each device. Remove zero.level, or build those "
+                        "layers outside epl.split" % (record.level, ", ".join(shards[:4])))
+    for name in record.variables:
+        if record.nbytes[name] is None and name not in sharded:
+            raise ZeroError("ZeRO needs static variable shapes to balance owners; %s has "
+                            "an unknown shape" % name)
 
 
 def build_record(view):

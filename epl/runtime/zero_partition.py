@@ -26,7 +26,8 @@ from epl.buckets import owner_chunks
 from epl.communicators.reducer import GradientReducer
 from epl.ir.phase import Phase
 from epl.protocols.passes import GRADIENTS, LOWER, SYNC, Pass
-from epl.runtime.zero import build_record, bucket_owner_devices, owner_devices
+from epl.runtime.zero import (build_record, bucket_owner_devices, check_static_sizes,
+                              owner_devices)
 from epl.runtime.zero_error import ZeroError
 from epl.tf_adapter import tf
 
@@ -65,7 +66,8 @@ class ZeroPartition(Pass):
                 return None  # a shard: every holder updates its own
             return ctx.dp_group(var_ops[name], 0).devices
 
-        sizes = [(n, record.nbytes[n]) for n in record.variables]
+        check_static_sizes(record, ctx.sharded_variables)
+        sizes = [(n, record.nbytes[n] or 0) for n in record.variables]
         bucket = {}
         if record.level == "v2":
             owner, bucket = bucket_owner_devices(

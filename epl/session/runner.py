@@ -13,6 +13,7 @@ import weakref
 
 from epl.session.faults import PeerLostError
 from epl.session.reachability import wait_until_reachable
+from epl.tf_adapter import tf
 from epl.session.watchdog import WATCHDOG
 
 LOG = logging.getLogger("epl")
@@ -41,16 +42,42 @@ def preflight(program):
     _PREFLIGHT_DONE[program] = True
 
 
-def guarded(program, ops, run_fn):
-    """Run ``run_fn()`` under the collective watchdog if ``ops`` reach collectives."""
+def guarded(program, ops, run_fn, options=None):
+    """Run ``run_fn(options)`` under the collective watchdog if ``ops`` reach collectives.
+
+    ``options`` (the user's RunOptions or None) gain the run's collective graph key
+    when it reaches groups spanning workers (:func:`keyed_options`)."""
     groups = program.groups_reached(ops)
     if not groups:
-        return run_fn()
+        return run_fn(options)
     preflight(program)
+    options = keyed_options(program.collective_graph_key(ops), options)
     # A little later than the ring's own timeout, so that its clean error wins.
     deadline = program.timeout * 1.1 + 5
     with WATCHDOG.guard(deadline, lambda elapsed: program.timeout_message(groups, elapsed)):
-        return run_fn()
+        return run_fn(options)
+
+
+def keyed_options(graph_key, options):
+    """RunOptions carrying ``graph_key`` as the collective graph key (a copy of the
+    user's ``options``; theirs wins when they set one).
+
+    TF numbers the steps of collectives that cross workers per graph key, and by
+    default derives that key from every collective instance key the run reaches,
+    its worker-local groups included. Those differ between workers when each
+    worker's copies form their own local group (``split(k)`` inside each of two
+    workers' model replicas: split group replica 0 on worker 0, replica 1 on
+    worker 1), so the workers' step numbers never meet and the run hangs. The key
+    EPL gives is the same on every worker (:meth:`ParallelProgram.collective_graph_key`).
+    """
+    if graph_key is None:
+        return options
+    keyed = tf.RunOptions()
+    if options is not None:
+        keyed.CopyFrom(options)
+    if not keyed.experimental.collective_graph_key:
+        keyed.experimental.collective_graph_key = graph_key
+    return keyed
 
 
 def ensure_synced(session, program, run):
@@ -68,18 +95,21 @@ def ensure_synced(session, program, run):
             return
         if state == _INITIALIZED:
             if program.setup_op is not None:
-                guarded(program, [program.setup_op], lambda: run(session, program.setup_op))
+                guarded(program, [program.setup_op],
+                        lambda options: run(session, program.setup_op, None, options))
         else:
             program.build_sync()  # deferred until a restore (or an unknown state) needs it
             if program.init_check is not None and not run(session, program.init_check):
                 return
             if program.sync_op is not None:
-                guarded(program, [program.sync_op], lambda: run(session, program.sync_op))
+                guarded(program, [program.sync_op],
+                        lambda options: run(session, program.sync_op, None, options))
                 LOG.info("EPL synchronized replica variables with worker 0's replica 0")
         restored = _RESTORED.get(session)
         for step in program.after_sync:
-            step(lambda fetches, feed: guarded(program, [getattr(fetches, "op", fetches)],
-                                               lambda: run(session, fetches, feed)), restored)
+            step(lambda fetches, feed: guarded(
+                program, [getattr(fetches, "op", fetches)],
+                lambda options: run(session, fetches, feed, options)), restored)
         _SYNCED[session] = True
 
 

@@ -206,14 +206,18 @@ def test_unsupported_reader_of_sharded_logits_is_refused():
             sess.run(tf.global_variables_initializer())
 
 
-def _train_and_save(classes, devices, path, restore=None, steps=1, sharded=False):
-    """Train ``steps`` (after restoring ``restore``) and save; returns the full classifier."""
+def _train_and_save(classes, devices, path, restore=None, steps=1, sharded=False,
+                    width=None, colocate=True):
+    """Train ``steps`` (after restoring ``restore``) and save; returns the full classifier
+    (of replica 0). ``width``: the TaskGraphs' device_count (default ``devices``);
+    ``colocate=False``: each TaskGraph on devices of its own (the default placement)."""
+    width = width or devices
     batch = 4 * max(devices, 1)
-    x, y = _data(batch * steps, classes)
+    x, y = _data(batch * max(steps, 1), classes)
     if devices:
-        epl.init(epl.Config({"cluster.colocate_split_and_replicate": True}),
+        epl.init(epl.Config({"cluster.colocate_split_and_replicate": colocate}),
                  cluster=Cluster(devices_per_worker=devices))
-        scopes = (epl.replicate(devices), epl.split(devices))
+        scopes = (epl.replicate(width), epl.split(width))
     else:
         scopes = (None, None)
     graph = tf.Graph()
@@ -229,9 +233,9 @@ def _train_and_save(classes, devices, path, restore=None, steps=1, sharded=False
                 sess.run(train)
             saver.save(sess, path)
             if devices:
-                kernel = np.concatenate(copy_values(sess, "classifier/kernel")[:devices], 1)
+                kernel = np.concatenate(copy_values(sess, "classifier/kernel")[:width], 1)
                 momentum = np.concatenate(
-                    copy_values(sess, "classifier/kernel/Momentum")[:devices], 1)
+                    copy_values(sess, "classifier/kernel/Momentum")[:width], 1)
             else:
                 kernel, momentum = sess.run(["classifier/kernel:0",
                                              "classifier/kernel/Momentum:0"])

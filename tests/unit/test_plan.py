@@ -111,3 +111,46 @@ def test_plan_cli_prints_the_plan(capsys):
     out = capsys.readouterr().out
     assert "2 worker(s) x 1 CPU device(s)" in out and "2 stages, 4 micro-batch(es)" in out
     assert "replica 0: /job:worker/replica:0/task:1/device:CPU:0" in out
+
+
+HYBRID = [TaskGraphSpec("backbone", "replicate", 2), TaskGraphSpec("head", "split", 2)]
+
+
+def test_default_placement_gives_each_taskgraph_its_own_devices():
+    """The seeds' default (no colocate key): replicate(2) + split(2) on 4 devices is one
+    replica of two copies; copy j runs position j of both TaskGraphs on different devices."""
+    plan = make_plan(Config(), local(4), HYBRID)
+    assert plan.num_replicas == 1 and plan.aligned and plan.stages == (0, 1)
+    assert [c.devices for c in plan.copies_of(0)] == [(cpu(0), cpu(2)), (cpu(1), cpu(3))]
+    assert [(c.replica, c.position) for c in plan.copies_of(0)] == [(0, 0), (0, 1)]
+    assert plan.taskgraphs[1].split_group(0).devices == (cpu(2), cpu(3))
+    text = str(plan)
+    assert "replica 0 position 1: backbone@task:0/device:CPU:1 -> head@task:0/device:CPU:3" \
+        in text
+    assert plan.micro_batching is not None  # two copies on one worker
+
+
+def test_stages_two_devices_wide_in_a_pipeline_on_two_workers():
+    plan = make_plan(Config({"pipeline.num_micro_batch": 2}), workers(2, 4),
+                     [TaskGraphSpec("s0", "replicate", 2), TaskGraphSpec("s1", "replicate", 2)])
+    assert plan.pipeline and plan.num_replicas == 2
+    assert [(c.replica, c.position) for c in plan.copies_of(1)] == [(1, 0), (1, 1)]
+    assert plan.taskgraphs[0].dp_group().size == 4  # data parallelism over both replicas
+    assert plan.schedule is not None
+
+
+def test_taskgraphs_of_different_widths_are_refused_naming_what_works():
+    specs = [TaskGraphSpec("s0", "replicate", 1), TaskGraphSpec("s1", "split", 2)]
+    with pytest.raises(PlanError, match=r"s0: replicate\(1\), s1: split\(2\).*same "
+                                        r"device_count.*colocate_split_and_replicate"):
+        make_plan(Config({"pipeline.num_micro_batch": 2}), local(3), specs)
+
+
+def test_a_layout_that_does_not_fit_names_the_colocate_key():
+    specs = [TaskGraphSpec("a", "replicate", 3), TaskGraphSpec("b", "split", 3)]
+    with pytest.raises(PlanError, match=r"needs 6 devices.*colocate_split_and_replicate=True "
+                                        r"\(every TaskGraph of a replica on the same 3"):
+        make_plan(Config(), local(3), specs)
+    with pytest.raises(PlanError, match=r"device_count k in \[1, 2\] for every TaskGraph"):
+        make_plan(Config(), local(4), [TaskGraphSpec("a", "replicate", 3),
+                                       TaskGraphSpec("b", "split", 3)])

@@ -45,7 +45,8 @@ class BatchSplit(Pass):
             ctx.split_inputs.add(user_op.name)
             for _, members in ctx.readers():
                 if len(members) > 1:
-                    _split_outputs(ctx, user_op, members, len(members))
+                    for micro_batch in range(ctx.num_micro_batch):
+                        _split_outputs(ctx, user_op, members, len(members), micro_batch)
 
 
 def splittable(get_next):
@@ -66,14 +67,16 @@ def _warn_not_split(ctx, user_op):
         user_op.name, shapes, len(ctx.copies))
 
 
-def _split_outputs(ctx, user_op, members, width):
-    leader_op = ctx.instance(user_op, members[0])
+def _split_outputs(ctx, user_op, members, width, micro_batch=0):
+    """Micro-batch ``micro_batch`` of the reader copy is split over ``members`` (the
+    copies of one replica: positions of stages k devices wide, in a pipeline too)."""
+    leader_op = ctx.instance(user_op, members[0], micro_batch)
     for index, output in enumerate(leader_op.outputs):
         if output.shape.ndims == 0:
             continue
         targets = []
         for copy in members:
-            tensor = ctx.instance(user_op, copy).outputs[index]
+            tensor = ctx.instance(user_op, copy, micro_batch).outputs[index]
             targets.append((tensor, list(tensor.consumers())))
         with tf.device(ctx.host), tf.name_scope("EPL_BATCH_SPLIT"):
             check = tf.debugging.assert_equal(

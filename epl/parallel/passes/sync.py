@@ -201,7 +201,10 @@ def _leader_value(ctx, var_op, taskgraph, leader, group, position):
                              % (var_op.name, shape))
         comm = ctx.communicator(group, SYNC)
         if device == group.devices[0]:
-            return source, [comm.broadcast_send(source, device, "var/" + var_op.name).op]
+            # A shard's clone may read with an unknown static shape; the send declares
+            # the shape the receivers allocate, so it is stated here.
+            sent = source if source.shape.is_fully_defined() else tf.reshape(source, shape)
+            return source, [comm.broadcast_send(sent, device, "var/" + var_op.name).op]
         value = comm.broadcast_recv(shape, tf_adapter.variable_dtype(var_op), device,
                                     "var/" + var_op.name)
         return value, [tf_adapter.assign_variable(var, value)]
