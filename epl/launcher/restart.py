@@ -29,9 +29,9 @@ import collections
 import signal
 
 from epl.session.faults import FAULT_EXIT_CODE  # 138 = 128 + SIGUSR1: Kubeflow's "retryable"
-RETRYABLE = {130: "interrupted (SIGINT)", 137: "killed (SIGKILL)",
+RETRYABLE = {130: "interrupted by SIGINT", 137: "killed by SIGKILL",
              FAULT_EXIT_CODE: "EPL fault exit: a peer was lost or a collective timed out",
-             143: "terminated (SIGTERM)"}
+             143: "terminated by SIGTERM"}
 REPEATS_WITHOUT_PROGRESS = 3
 
 Failure = collections.namedtuple("Failure", ["worker", "code"])
@@ -68,7 +68,7 @@ def cause_of(failures):
 
 
 def describe(failure):
-    """``worker 1 exited with code 137 (killed (SIGKILL))``."""
+    """``worker 1 exited with code 137 (killed by SIGKILL)``."""
     code = failure.code
     what = RETRYABLE.get(code)
     if what is None and code > 128:

@@ -16,9 +16,9 @@ import tensorflow.compat.v1 as tf
 import corpusutil
 import epl
 from epl.cluster import Cluster
-from eplutil import MEASURED, copy_values
+from eplutil import MEASURED
 from realmodels import CORPUS
-from test_split import STEPS, _data, _dataset, _model, _serial, _train_and_save
+from test_split import STEPS, _data, _dataset, _model, _serial, _train_and_save, _train_copies
 
 TOL = 2e-5
 # layout: (width k, head kind, micro-batches, devices on the worker)
@@ -55,12 +55,7 @@ def _train_classifier(layout, classes, config=None):
     loss, accuracy = _model(*_dataset(x, y, batch * width // _slices(layout)), classes,
                             epl.replicate(width), scope, metrics=True)
     epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)  # over the replicas
-    train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        curve = [sess.run([loss, accuracy, train])[:2] for _ in range(STEPS)]
-        values = dict((n, copy_values(sess, n)) for n in
-                      ("backbone/kernel", "classifier/kernel", "classifier/bias"))
+    curve, values = _train_copies(loss, accuracy)
     plan = epl.Graph.get().parallel.plan
     assert plan.stages == (0, 1) and not plan.colocated
     return curve, values

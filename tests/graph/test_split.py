@@ -71,6 +71,18 @@ def _serial(classes, batch):
             return curve, dict(zip(names, values))
 
 
+def _train_copies(loss, *metrics):
+    """Momentum on ``loss`` for STEPS steps in a plain session; returns the curve (loss and
+    ``metrics`` per step) and {name: values of every copy} of the model's three variables."""
+    train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        curve = [sess.run([loss] + list(metrics) + [train])[:-1] for _ in range(STEPS)]
+        values = dict((n, copy_values(sess, n)) for n in
+                      ("backbone/kernel", "classifier/kernel", "classifier/bias"))
+    return curve, values
+
+
 def _split(classes, devices, batch, lowering="auto"):
     x, y = _data(batch * STEPS, classes)
     epl.init(epl.Config({"cluster.colocate_split_and_replicate": True,
@@ -78,12 +90,7 @@ def _split(classes, devices, batch, lowering="auto"):
              cluster=Cluster(devices_per_worker=devices))
     loss, accuracy = _model(*_dataset(x, y, batch), classes, epl.replicate(devices),
                             epl.split(devices), metrics=True)
-    train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        curve = [sess.run([loss, accuracy, train])[:2] for _ in range(STEPS)]
-        values = dict((n, copy_values(sess, n)) for n in
-                      ("backbone/kernel", "classifier/kernel", "classifier/bias"))
+    curve, values = _train_copies(loss, accuracy)
     choice = epl.Graph.get().parallel.plan.micro_batching
     if devices > 1:  # the local copies repeat the step as the key asks (auto: functions)
         assert choice[0] == ("unrolled copies" if lowering == "unrolled" else "stage functions")

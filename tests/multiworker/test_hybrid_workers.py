@@ -7,15 +7,14 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow.compat.v1 as tf
 
 import corpusutil
 import epl
-from eplutil import MEASURED, copy_values, run_workers, worker_rows
+from eplutil import MEASURED, run_workers, worker_rows
 from realmodels import CORPUS
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "graph"))
-from test_split import STEPS, _data, _dataset, _model, _serial  # noqa: E402
+from test_split import STEPS, _data, _dataset, _model, _serial, _train_copies  # noqa: E402
 
 WORKERS, DEVICES, WIDTH = 2, 4, 2
 
@@ -35,12 +34,8 @@ def test_default_placement_on_two_workers_matches_serial(micro_batches, classes,
         loss, _ = _model(*_dataset(rows_x, rows_y, per_worker // micro_batches), classes,
                          epl.replicate(WIDTH), scope)
         epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
-        train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
-        with tf.Session() as sess:
-            sess.run(tf.global_variables_initializer())
-            curve = [sess.run([loss, train])[0] for _ in range(STEPS)]
-            values = dict((n, copy_values(sess, n)) for n in
-                          ("backbone/kernel", "classifier/kernel", "classifier/bias"))
+        curve, values = _train_copies(loss)
+        curve = [step[0] for step in curve]
         plan = epl.Graph.get().parallel.plan
         assert plan.num_replicas == WORKERS and plan.stages == (0, 1)
         return curve, values

@@ -46,7 +46,7 @@ def test_a_killed_worker_restarts_the_job_which_then_succeeds(tmp_path):
                 time.sleep(0.02)
     """), max_restarts=2)
     assert code == 0, err
-    assert "restart 1 of 2: worker 1 exited with code 137 (killed (SIGKILL))" in err
+    assert "restart 1 of 2: worker 1 exited with code 137 (killed by SIGKILL)" in err
     assert "restart 2 of 2: worker 1 exited with code 137" in err
     assert "job finished after 2 restart(s)" in err
     assert "restart 1 after: worker 1 exited with code 137" in err
@@ -76,7 +76,7 @@ def test_restarts_used_up_end_with_the_faults_exit_code(tmp_path):
         time.sleep(1000)
     """), max_restarts=1)
     assert code == 143
-    assert "restart 1 of 1: worker 0 exited with code 143 (terminated (SIGTERM))" in err
+    assert "restart 1 of 1: worker 0 exited with code 143 (terminated by SIGTERM)" in err
     assert "giving up after 1 restart(s) of 1" in err and "no restarts left" in err
     assert "restart 1 after: worker 0 exited with code 143" in err
 

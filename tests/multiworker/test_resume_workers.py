@@ -79,7 +79,7 @@ def test_kills_of_another_worker_and_of_worker_0_during_a_write(tmp_path, refere
     faults = "0:1:%d:kill,1:0:%d:write" % (first, write_step)
     code, output, out = _launch(tmp_path, "job", "dp", faults, restarts=2)
     assert code == 0, output[-4000:]
-    assert "restart 1 of 2: worker 1 exited with code 137 (killed (SIGKILL))" in output
+    assert "restart 1 of 2: worker 1 exited with code 137 (killed by SIGKILL)" in output
     assert "restart 2 of 2: worker 0 exited with code 137" in output
     assert "FAULT write: while writing the snapshot of step %d" % write_step in output
     assert "job finished after 2 restart(s)" in output

@@ -24,7 +24,7 @@ def test_a_killed_worker_is_restarted_while_restarts_remain():
     attempts = [Attempt([Failure(1, 137)], progress=None)]
     decision = decide(attempts, max_restarts=1)
     assert decision.restart and decision.cause == Failure(1, 137)
-    assert "worker 1 exited with code 137 (killed (SIGKILL))" in decision.reason
+    assert "worker 1 exited with code 137 (killed by SIGKILL)" in decision.reason
     attempts.append(Attempt([Failure(0, 143)], progress=None))
     decision = decide(attempts, max_restarts=1)
     assert not decision.restart and decision.exit_code == 143
@@ -68,7 +68,7 @@ def test_describe_and_summary_name_each_cause():
                                        "the program)")
     assert describe(Failure(0, 139)) == "worker 0 exited with code 139 (killed by SIGSEGV)"
     assert summary([Attempt([Failure(1, 137)], 4), Attempt([Failure(0, 138)], 8)]) == [
-        "restart 1 after: worker 1 exited with code 137 (killed (SIGKILL))",
+        "restart 1 after: worker 1 exited with code 137 (killed by SIGKILL)",
         "restart 2 after: worker 0 exited with code 138 (EPL fault exit: a peer was lost "
         "or a collective timed out)"]
 
