@@ -23,6 +23,7 @@ import tensorflow.compat.v1 as tf
 import epl
 import isolation
 from epl.cluster import Cluster
+from epl.launcher.ports import ephemeral_low
 
 tf.disable_v2_behavior()  # TF 2.x: graph mode for worker scripts too (docs/tf2.md); no-op on 1.15
 
@@ -277,15 +278,6 @@ _TEST_PORTS = (8000, 20000)
 _PORT_LOCKS = []  # lock files of the ports this process reserved, held until it exits
 
 
-def _ephemeral_low():
-    """The lowest port the kernel hands out to outgoing connections (32768 if unknown)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
-            return int(handle.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
 def _reserve(port, lock_dir):
     """Hold ``port`` for this process if no other test process holds it and it binds."""
     import fcntl
@@ -310,7 +302,7 @@ def free_ports(count):
     import random
     lock_dir = os.path.join(tempfile.gettempdir(), "epl-test-ports")
     os.makedirs(lock_dir, exist_ok=True)
-    top = min(_TEST_PORTS[1], _ephemeral_low())
+    top = min(_TEST_PORTS[1], ephemeral_low())
     ports = []
     for port in random.sample(range(_TEST_PORTS[0], top), top - _TEST_PORTS[0]):
         if len(ports) == count:

@@ -21,11 +21,12 @@ and run on hosts without TF. Of the rest of epl it reads only the snapshot
 directory's layout (epl.session.snapshot_store, plain files) to see a restarted
 job's progress.
 """
-from epl.launcher.cli import count_gpus, main, pick_free_ports
+from epl.launcher.cli import count_gpus, main
 from epl.launcher.plan import (LaunchError, WorkerSpec, build_tf_config, check_gpu_capacity,
                                default_log_dir, device_env, exit_code_for, is_shell_script,
                                local_workers, plan_workers, snapshot_dir, task_dir,
                                visible_gpu_ids, worker_command, worker_env)
+from epl.launcher.ports import pick_free_ports
 from epl.launcher.relaunch import execute_with_restarts
 from epl.launcher.restart import FAULT_EXIT_CODE, RETRYABLE, decide, is_retryable
 from epl.launcher.settings import (PROG, Settings, explicit_debug_value, is_local_host,

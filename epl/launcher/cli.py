@@ -3,12 +3,12 @@ inputs (free ports, GPU count, clock, environment) and calls execute()."""
 import datetime
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 from epl.launcher.plan import (PYTHON_NAMES, LaunchError, default_log_dir, is_shell_script,
                                plan_workers, python_dir, python_shim, visible_gpu_ids)
+from epl.launcher.ports import pick_free_ports
 from epl.launcher.relaunch import execute_with_restarts
 from epl.launcher.settings import PROG, parse_args
 from epl.launcher.supervisor import execute
@@ -26,21 +26,6 @@ def count_gpus():
         return 0
     return sum(1 for line in out.decode("utf-8", "replace").splitlines()
                if line.startswith("GPU "))
-
-
-def pick_free_ports(count, host="127.0.0.1"):
-    """`count` distinct free TCP ports. All sockets stay bound until every port
-    is read so the kernel cannot hand out the same port twice."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(sock)
-            sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _describe(settings, specs, gpu_ids):

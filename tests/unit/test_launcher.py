@@ -5,12 +5,14 @@ import datetime
 import io
 import json
 import os
+import socket
 import threading
 import time
 
 import pytest
 
 from epl import launcher
+from epl.launcher import ports as ports_module
 from epl.launcher import (LaunchError, build_tf_config, default_log_dir, device_env,
                           exit_code_for, parse_args, plan_workers, task_dir, visible_gpu_ids,
                           worker_command)
@@ -372,9 +374,43 @@ def test_plan_requires_resolved_log_dir():
         plan_workers(parse_args(BASE + ["t.py"]), HOSTS, [], ENV)
 
 
-def test_pick_free_ports_are_distinct():
+def test_pick_free_ports_are_distinct_and_below_the_ephemeral_range():
+    low = ports_module.ephemeral_low()
     ports = launcher.pick_free_ports(4)
-    assert len(set(ports)) == 4 and all(0 < p < 65536 for p in ports)
+    assert len(set(ports)) == 4
+    assert all(max(1024, low - ports_module.SPAN) <= p < low for p in ports), (ports, low)
+
+
+def test_pick_free_ports_skip_a_port_something_holds(monkeypatch):
+    # Candidates 22936-22999 (no other test binds there); all but four are held, so the
+    # pick must return exactly the four that bind.
+    monkeypatch.setattr(ports_module, "SPAN", 64)
+    low = 23000
+    candidates = list(ports_module.candidate_range(low))
+    assert candidates == list(range(22936, 23000))
+    sockets = []
+    try:
+        for port in candidates[:-4]:
+            sock = socket.socket()
+            sockets.append(sock)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                pass  # taken by something else already: as good as held
+        assert sorted(launcher.pick_free_ports(4, low=low)) == candidates[-4:]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_ports_fall_back_to_the_kernel_when_the_ephemeral_range_starts_low(tmp_path):
+    assert len(ports_module.candidate_range(1050)) == 0
+    ports = launcher.pick_free_ports(3, low=1050)
+    assert len(set(ports)) == 3 and all(0 < p < 65536 for p in ports)
+    path = tmp_path / "range"
+    path.write_text("40000\t60999\n")
+    assert ports_module.ephemeral_low(str(path)) == 40000
+    assert ports_module.ephemeral_low(str(tmp_path / "missing")) == 32768
 
 
 def test_main_reports_too_few_gpus(tmp_path, capsys, monkeypatch):
