@@ -89,7 +89,8 @@ FIELDS = (
        doc="Pipeline schedule: PreferBackward is 1F1B (PipeDream-flush-like), "
            "PreferForward is GPipe-like; ZeroBubble (an EPL extension value) is ZB-H1: each "
            "stage's backward split into input gradients (B) and weight gradients (W), W "
-           "moved into 1F1B's bubbles."),
+           "moved into 1F1B's bubbles. It orders a pipeline's micro-batches (2+ stages and "
+           "num_micro_batch > 1); anywhere else it has no effect and a warning says so."),
     _F("pipeline", "micro_batching", Kind.STR, "auto",
        choices=("auto", "stage_functions", "unrolled"), extension=True,
        doc="EPL extension: how the step is repeated per micro-batch of a pipeline and per "

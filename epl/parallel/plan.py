@@ -321,6 +321,19 @@ def _taskgraph_plan(index, spec, layout, cluster, worker_of):
                          _mesh.taskgraph_groups(spec.name, spec.kind, devices, worker_of))
 
 
+DEFAULT_STRATEGY = "PreferBackward"
+
+
+def _no_pipeline_because(plan, stages):
+    """Why a plan has no pipeline, in the user's terms."""
+    if stages > 1:
+        return "%d stages but pipeline.num_micro_batch=1" % stages
+    if plan.gradient_accumulation:
+        return ("one stage (pipeline.num_micro_batch=%d accumulates gradients, in micro-batch "
+                "order)" % plan.num_micro_batch)
+    return "no pipeline stages (one TaskGraph per model replica)"
+
+
 def _warn_about(plan, config):
     stages = len(plan.stages)
     if config.pipeline.zero_bubble_memory != "pipeline" and \
@@ -328,6 +341,10 @@ def _warn_about(plan, config):
         LOG.warning("pipeline.zero_bubble_memory=%r has no effect: it applies to "
                     "pipeline.strategy ZeroBubble, and the strategy is %s",
                     config.pipeline.zero_bubble_memory, plan.strategy)
+    if config.pipeline.strategy != DEFAULT_STRATEGY and not plan.pipeline:
+        LOG.warning("pipeline.strategy=%r has no effect: it orders the micro-batches of "
+                    "pipeline stages, and this graph has %s; the step runs as without it",
+                    config.pipeline.strategy, _no_pipeline_because(plan, stages))
     if plan.pipeline and plan.num_micro_batch < stages:
         LOG.warning("pipeline.num_micro_batch=%d is smaller than the %d pipeline stages: "
                     "some stages will idle every step; use at least %d micro-batches",

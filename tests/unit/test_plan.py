@@ -95,6 +95,25 @@ def test_warns_when_fewer_micro_batches_than_stages(caplog):
     assert "smaller than the 3 pipeline stages" in caplog.text
 
 
+@pytest.mark.parametrize("specs,devices,micro_batches,why", [
+    (DP, 1, 1, "no pipeline stages"),
+    (DP, 1, 4, "one stage (pipeline.num_micro_batch=4 accumulates gradients"),
+    (STAGES, 2, 1, "2 stages but pipeline.num_micro_batch=1")])
+def test_a_schedule_without_a_pipeline_warns(caplog, specs, devices, micro_batches, why):
+    config = Config({"pipeline.strategy": "preferforward",
+                     "pipeline.num_micro_batch": micro_batches})
+    make_plan(config, local(devices), specs)
+    assert "pipeline.strategy='PreferForward' has no effect" in caplog.text
+    assert why in caplog.text
+
+
+def test_a_schedule_with_a_pipeline_does_not_warn(caplog):
+    config = Config({"pipeline.strategy": "PreferForward", "pipeline.num_micro_batch": 2})
+    make_plan(config, local(2), STAGES)
+    make_plan(Config(), local(1), DP)  # the default schedule says nothing either
+    assert "has no effect" not in caplog.text
+
+
 def test_512_devices_four_stages():
     specs = [TaskGraphSpec("s%d" % i, "replicate", 1) for i in range(4)]
     plan = make_plan(Config(), workers(64, 8), specs)
