@@ -165,6 +165,25 @@ def test_taskgraphs_of_different_widths_are_refused_naming_what_works():
         make_plan(Config({"pipeline.num_micro_batch": 2}), local(3), specs)
 
 
+@pytest.mark.parametrize("widths,devices,fits", [
+    ((1, 2), 3, r"On this job's 3 devices: no k gives each of the 2 TaskGraphs devices of "
+                r"its own \(a replica needs 2 x k devices\); k in \[1, 3\] with "
+                r"cluster.colocate_split_and_replicate=True"),
+    ((2, 1), 3, r"On this job's 3 devices: no k gives"),
+    ((1, 2), 6, r"On this job's 6 devices: device_count k in \[1, 3\] with devices of their "
+                r"own, or k in \[1, 2, 3, 6\] with cluster.colocate_split_and_replicate")])
+def test_stages_of_widths_one_and_two_are_refused_naming_the_widths_that_fit(widths, devices,
+                                                                             fits):
+    """replicate(1) then split(2) (the issue's case), the reverse, and with room for data
+    parallelism: each refusal names both TaskGraphs' widths and the equal widths this
+    job holds in both placements."""
+    specs = [TaskGraphSpec("s0", "replicate", widths[0]),
+             TaskGraphSpec("s1", "split", widths[1])]
+    named = r"s0: replicate\(%d\), s1: split\(%d\).*" % widths
+    with pytest.raises(PlanError, match=named + "of another is not supported.*" + fits):
+        make_plan(Config({"pipeline.num_micro_batch": 2}), local(devices), specs)
+
+
 def test_a_layout_that_does_not_fit_names_the_colocate_key():
     specs = [TaskGraphSpec("a", "replicate", 3), TaskGraphSpec("b", "split", 3)]
     with pytest.raises(PlanError, match=r"needs 6 devices.*colocate_split_and_replicate=True "
