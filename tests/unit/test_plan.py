@@ -192,3 +192,22 @@ def test_a_layout_that_does_not_fit_names_the_colocate_key():
     with pytest.raises(PlanError, match=r"device_count k in \[1, 2\] for every TaskGraph"):
         make_plan(Config(), local(4), [TaskGraphSpec("a", "replicate", 3),
                                        TaskGraphSpec("b", "split", 3)])
+
+
+def test_plan_picture_shows_what_runs_on_each_device(tmp_path):
+    """The layout picture lists, per device, each TaskGraph's replica and slice or shard:
+    default placement gives every device one TaskGraph, colocation two; plan_cli --png
+    draws it."""
+    from epl.parallel import plan_picture
+    from epl.plan_cli import main
+    default, colocated, pipeline = [plan for _, plan in plan_picture.docs_panels()]
+    runs = plan_picture._what_runs(default)
+    assert [text for _, text in runs[cpu(2)]] == ["head r0 shard 0"]
+    assert [text for _, text in runs[cpu(5)]] == ["backbone r1 slice 1"]
+    assert [text for _, text in plan_picture._what_runs(colocated)[cpu(3)]] == [
+        "backbone r1 slice 1", "head r1 shard 1"]
+    assert pipeline.pipeline and pipeline.num_replicas == 2
+    path = str(tmp_path / "plan.png")
+    assert main(["--devices", "4", "--taskgraphs", "replicate:2,split:2", "--png", path]) == 0
+    with open(path, "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
