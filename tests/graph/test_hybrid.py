@@ -136,20 +136,25 @@ def test_amp_on_a_pipeline_with_a_split_stage_matches_float32():
     assert amp.state().converted, "AMP converted no op"
 
 
-def test_corpus_with_a_split_stage_matches_serial():
+@pytest.mark.parametrize("layout", ["pipeline_r2+s2_m2", "pipeline_r2+s2_m2_dp2"])
+def test_corpus_with_a_split_stage_matches_serial(layout):
     """The corpus's odd-sized model with its 1001-class classifier as an epl.split(2)
-    pipeline stage after a replicate(2) stage (2 micro-batches, 4 devices); its
-    weights start as the serial model's (realmodels.OddSplitHead)."""
+    pipeline stage after a replicate(2) stage (2 micro-batches; 4 devices, or 8: two
+    replicas, data parallel); its weights start as the serial model's
+    (realmodels.OddSplitHead)."""
+    width, head, micro_batches, devices = LAYOUTS[layout]
     model = OddSplitHead()
-    slices = _slices("pipeline_r2+s2_m2")
+    slices = _slices(layout)
     arrays = model.data(slices * model.batch * corpusutil.STEPS)
     ref_curve, reference = corpusutil.serial_reference(model, arrays, slices)
-    curve, copies = corpusutil.run_hybrid(model, arrays, 2, "split", 2, 4)
+    curve, copies = corpusutil.run_hybrid(model, arrays, width, head, micro_batches, devices)
     sharded = [n for n in copies if n.startswith("model/classes/")]  # weights and slots
     assert len(sharded) == 6, sharded
-    for name in sharded:  # one replica: its two shards, 501 and 500 classes
-        assert [v.shape[-1] for v in copies[name]] == [501, 500], name
-        copies[name] = [np.concatenate(copies[name], axis=-1)]
+    for name in sharded:  # per replica: its two shards, 501 and 500 classes
+        shards = copies[name]
+        assert [v.shape[-1] for v in shards] == [501, 500] * (devices // 4), name
+        copies[name] = [np.concatenate(shards[i:i + width], axis=-1)
+                        for i in range(0, len(shards), width)]
     worst, where = corpusutil.max_difference(reference, copies)
     _record(worst)
     assert worst < TOL, "%s differs from serial training by %.3g" % (where, worst)
