@@ -268,17 +268,27 @@ class OddSizes(Model):
         labels = rng.randint(0, self.classes, rows).astype(np.int64)
         return x, labels
 
+    head_alone = False  # stage 1 is only the classifier (else: temperature, d3, classifier)
+
     def build(self, batch, stage=no_stage):
         x, labels = batch
         with stage(0):
             h = tf.layers.dense(x, 37, activation=tf.nn.relu, name="d37")
             h = tf.layers.dense(h, 7, activation=tf.nn.tanh, name="d7")
             h = tf.layers.dense(h, 1, name="d1")
+            if self.head_alone:
+                h = self._middle(h)
         with stage(1):
-            temperature = tf.get_variable("temperature", [])
-            h = tf.layers.dense(h * temperature, 3, activation=tf.nn.relu, name="d3")
-            logits = tf.layers.dense(h, self.classes, name="classes")
-            return tf.losses.sparse_softmax_cross_entropy(labels, logits)
+            if not self.head_alone:
+                h = self._middle(h)
+            return tf.losses.sparse_softmax_cross_entropy(labels, self._classifier(h))
+
+    def _middle(self, h):
+        temperature = tf.get_variable("temperature", [])
+        return tf.layers.dense(h * temperature, 3, activation=tf.nn.relu, name="d3")
+
+    def _classifier(self, h):
+        return tf.layers.dense(h, self.classes, name="classes")
 
 
 class OddSplitHead(OddSizes):
@@ -289,24 +299,16 @@ class OddSplitHead(OddSizes):
 
     name = "odd_split_head"
     classes = 1001
+    head_alone = True
 
-    def build(self, batch, stage=no_stage):
-        x, labels = batch
-        with stage(0):
-            h = tf.layers.dense(x, 37, activation=tf.nn.relu, name="d37")
-            h = tf.layers.dense(h, 7, activation=tf.nn.tanh, name="d7")
-            h = tf.layers.dense(h, 1, name="d1")
-            temperature = tf.get_variable("temperature", [])
-            h = tf.layers.dense(h * temperature, 3, activation=tf.nn.relu, name="d3")
-        with stage(1):
-            scope = tf.get_variable_scope().name + "/classes/"
-            logits = tf.layers.dense(
-                h, self.classes, name="classes",
-                kernel_initializer=tf.constant_initializer(
-                    deterministic_value(scope + "kernel", [3, self.classes])),
-                bias_initializer=tf.constant_initializer(
-                    deterministic_value(scope + "bias", [self.classes])))
-            return tf.losses.sparse_softmax_cross_entropy(labels, logits)
+    def _classifier(self, h):
+        scope = tf.get_variable_scope().name + "/classes/"
+        return tf.layers.dense(
+            h, self.classes, name="classes",
+            kernel_initializer=tf.constant_initializer(
+                deterministic_value(scope + "kernel", [3, self.classes])),
+            bias_initializer=tf.constant_initializer(
+                deterministic_value(scope + "bias", [self.classes])))
 
 
 CORPUS = (ResNet, Bert, WideDeep, OddSizes)
