@@ -401,7 +401,7 @@ def run_workers(fn, workers, devices_per_worker, config=None, timeout=120):
     return results
 
 
-PEER_ERROR_GRACE = 5.0  # seconds the other workers get to end after one worker's error
+PEER_ERROR_GRACE = 2.0  # seconds the other workers get to end after one worker's error
 
 
 def _join_workers(threads, errors, deadline):
