@@ -7,6 +7,8 @@ runs anywhere::
 
     python -m epl.plan_cli --workers 2 --devices 4 --taskgraphs replicate:4,split:4 \\
         cluster.colocate_split_and_replicate=true
+
+``--png PATH`` also draws the plan (:mod:`epl.parallel.plan_picture`).
 """
 import argparse
 import sys
@@ -46,6 +48,9 @@ def main(argv=None):
                              "(layers cut evenly over the TaskGraphs; see docs/memory.md)")
     parser.add_argument("--slots", type=int, default=2,
                         help="optimizer slots per weight for --memory (Adam 2, Momentum 1)")
+    parser.add_argument("--png", metavar="PATH", default=None,
+                        help="also draw the plan (which devices each TaskGraph of each "
+                             "replica uses) to this PNG (needs matplotlib)")
     parser.add_argument("config", nargs="*", help="config overrides as key=value")
     args = parser.parse_args(argv)
     config = Config(dict((k, _value(v)) for k, v in (c.split("=", 1) for c in args.config)))
@@ -60,6 +65,9 @@ def main(argv=None):
         copies = plan.copies_of(worker)
         print("worker %d builds %d copies: %s" % (worker, len(copies), ", ".join(
             "(replica %d, position %d)" % (c.replica, c.position) for c in copies) or "none"))
+    if args.png:
+        from epl.parallel import plan_picture
+        print("drew %s" % plan_picture.save_png([(args.taskgraphs, plan)], args.png))
     if args.memory:
         try:
             print(_memory(args.memory, args.slots, config, plan))

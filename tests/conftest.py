@@ -37,6 +37,11 @@ def pytest_runtest_protocol(item, nextitem):
     if not isolation.isolated(item):
         return None
     isolation.run_isolated(item)
+    # The parent ran no setup for ``item``, but an earlier item of its module may have
+    # left the module (and its fixtures) set up: tear down what ``nextitem`` does not
+    # share, as pytest's own protocol would, or the next module's first test errors with
+    # "previous item was not torn down properly".
+    item.session._setupstate.teardown_exact(nextitem)  # pylint: disable=protected-access
     return True
 
 

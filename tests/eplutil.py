@@ -381,23 +381,39 @@ def run_workers(fn, workers, devices_per_worker, config=None, timeout=120):
                 epl.init(config, cluster=Cluster(hosts, index, devices_per_worker))
                 results[index] = fn(index)
         except Exception as err:  # reported to the test below
-            errors.append((index, err))
+            errors.append((index, err, time.time()))
 
     threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(workers)]
     for thread in threads:
         thread.start()
     budget = wait_budget(timeout)
-    deadline = time.time() + budget
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.time()))
+    _join_workers(threads, errors, time.time() + budget)
     hung = [(i, t) for i, t in enumerate(threads) if t.is_alive()]
+    if errors:
+        index, err, _ = errors[0]
+        raise AssertionError("worker %d failed: %s: %s%s" % (
+            index, type(err).__name__, err, "" if not hung else
+            "\nworkers %s were still waiting for it:\n%s" % ([i for i, _ in hung],
+                                                             thread_stacks(hung))))
     if hung:
         raise AssertionError("workers %s did not finish within %.0f s\n%s" % (
             [i for i, _ in hung], budget, thread_stacks(hung)))
-    if errors:
-        index, err = errors[0]
-        raise AssertionError("worker %d failed: %s: %s" % (index, type(err).__name__, err))
     return results
+
+
+PEER_ERROR_GRACE = 2.0  # seconds the other workers get to end after one worker's error
+
+
+def _join_workers(threads, errors, deadline):
+    """Wait for every thread until ``deadline``, or ``PEER_ERROR_GRACE`` after the first
+    worker error: its peers would otherwise wait for it in a collective until the
+    deadline, and the test would report a hang instead of the error (a worker that
+    fails alone, for instance in its graph rewrite, is reported at once)."""
+    while any(t.is_alive() for t in threads) and time.time() < deadline:
+        if errors:
+            deadline = min(deadline, errors[0][2] + PEER_ERROR_GRACE)
+        for thread in threads:
+            thread.join(min(0.1, max(0.0, deadline - time.time())))
 
 
 def run_launcher(args, timeout=200):

@@ -39,6 +39,16 @@ def _seed(name):
     return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16)
 
 
+def deterministic_value(name, dims, dtype=tf.float32):
+    """The initial value of variable ``name`` of shape ``dims``: derived from the name
+    alone, so any graph (serial, parallel, a split layer given it as a constant
+    initializer) starts from the same numbers."""
+    rng = np.random.RandomState(_seed(name))
+    fan_in = max(1, int(np.prod(dims[:-1]))) if len(dims) > 1 else 1
+    scale = 1.0 / np.sqrt(fan_in)
+    return rng.uniform(-scale, scale, size=dims).astype(tf.as_dtype(dtype).as_numpy_dtype)
+
+
 def deterministic_getter(getter, name, *args, **kwargs):
     """Replace a trainable variable's initializer by values derived from its name."""
     shape = kwargs.get("shape")
@@ -46,11 +56,7 @@ def deterministic_getter(getter, name, *args, **kwargs):
     trainable = kwargs.get("trainable", True)
     if shape is not None and dtype.is_floating and trainable and \
             tf.TensorShape(shape).is_fully_defined():
-        dims = tf.TensorShape(shape).as_list()
-        rng = np.random.RandomState(_seed(name))
-        fan_in = max(1, int(np.prod(dims[:-1]))) if len(dims) > 1 else 1
-        scale = 1.0 / np.sqrt(fan_in)
-        value = (rng.uniform(-scale, scale, size=dims)).astype(dtype.as_numpy_dtype)
+        value = deterministic_value(name, tf.TensorShape(shape).as_list(), dtype)
         kwargs["initializer"] = tf.constant_initializer(value)
     return getter(name, *args, **kwargs)
 
@@ -262,17 +268,47 @@ class OddSizes(Model):
         labels = rng.randint(0, self.classes, rows).astype(np.int64)
         return x, labels
 
+    head_alone = False  # stage 1 is only the classifier (else: temperature, d3, classifier)
+
     def build(self, batch, stage=no_stage):
         x, labels = batch
         with stage(0):
             h = tf.layers.dense(x, 37, activation=tf.nn.relu, name="d37")
             h = tf.layers.dense(h, 7, activation=tf.nn.tanh, name="d7")
             h = tf.layers.dense(h, 1, name="d1")
+            if self.head_alone:
+                h = self._middle(h)
         with stage(1):
-            temperature = tf.get_variable("temperature", [])
-            h = tf.layers.dense(h * temperature, 3, activation=tf.nn.relu, name="d3")
-            logits = tf.layers.dense(h, self.classes, name="classes")
-            return tf.losses.sparse_softmax_cross_entropy(labels, logits)
+            if not self.head_alone:
+                h = self._middle(h)
+            return tf.losses.sparse_softmax_cross_entropy(labels, self._classifier(h))
+
+    def _middle(self, h):
+        temperature = tf.get_variable("temperature", [])
+        return tf.layers.dense(h * temperature, 3, activation=tf.nn.relu, name="d3")
+
+    def _classifier(self, h):
+        return tf.layers.dense(h, self.classes, name="classes")
+
+
+class OddSplitHead(OddSizes):
+    """``odd`` with 1001 classes whose classifier alone forms stage 1, for an
+    ``epl.split`` stage: a split layer is given its weights (the getter's values) as a
+    constant initializer, of which each shard takes its slice, because it asks the
+    getter for no shape (epl/ops/shards.py)."""
+
+    name = "odd_split_head"
+    classes = 1001
+    head_alone = True
+
+    def _classifier(self, h):
+        scope = tf.get_variable_scope().name + "/classes/"
+        return tf.layers.dense(
+            h, self.classes, name="classes",
+            kernel_initializer=tf.constant_initializer(
+                deterministic_value(scope + "kernel", [3, self.classes])),
+            bias_initializer=tf.constant_initializer(
+                deterministic_value(scope + "bias", [self.classes])))
 
 
 CORPUS = (ResNet, Bert, WideDeep, OddSizes)

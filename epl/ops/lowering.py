@@ -84,10 +84,26 @@ def _split_taskgraph(ctx, intent, taskgraph):
     for tg_plan in ctx.plan.taskgraphs:
         if tg_plan.kind == "split" and tg_plan.devices == own.devices:
             return tg_plan
-    raise SplitLoweringError(
-        "a split layer used in taskgraph %d (%r) needs the devices of an epl.split "
-        "TaskGraph, but none shares its devices; build split layers inside epl.split(...) "
-        "and set cluster.colocate_split_and_replicate=True" % (taskgraph, own.name))
+    raise SplitLoweringError(_no_shared_devices_message(ctx, intent, own))
+
+
+def _no_shared_devices_message(ctx, intent, own):
+    """Why a split op outside its epl.split TaskGraph (MoE's einsums in the replicated
+    part) cannot run: its collectives need the shards' devices, which the seeds' default
+    placement gives to the split TaskGraph alone."""
+    splits = ["%r %s on %s" % (tg.name, tg.kind, ", ".join(tg.devices[0]))
+              for tg in ctx.plan.taskgraphs if tg.kind == "split"]
+    placement = ("cluster.colocate_split_and_replicate=%s"
+                 % ctx.config.cluster.colocate_split_and_replicate)
+    return ("op %r (the %s of a split layer, as an MoE layer's expert einsums build) runs "
+            "in TaskGraph %d %r (%s on %s), but the split weights are in %s; with %s (the "
+            "seeds' default placement) each TaskGraph has devices of its own, and the "
+            "layer's collectives need the devices holding the shards. Set "
+            "cluster.colocate_split_and_replicate=True and give both TaskGraphs the same "
+            "device_count (MoE: docs/split.md)" % (
+                intent.stand_in.op.name, intent.kind, own.index, own.name, own.kind,
+                ", ".join(own.devices[0]), " and ".join(splits) or "no epl.split TaskGraph",
+                placement))
 
 
 def _check_width(ctx, intent, taskgraph):

@@ -302,15 +302,39 @@ def _refuse_forward_first_split_stages(plan):
 
 
 def unaligned_message(plan):
-    """Why TaskGraphs of different widths cannot share a replica, and what would work."""
+    """Why TaskGraphs of different widths cannot share a replica, and what would work
+    on this job's devices.
+
+    A stage a devices wide feeding one b wide would need its activations re-divided
+    between the stages (and the gradients back); the rewrite builds a replica as copies
+    that run position j of every TaskGraph, and running the narrow stage's positions on
+    a shared device puts one device twice in a collective group, which TF's collectives
+    do not support (measured: two members on one device hang)."""
     widths = ", ".join("%s: %s(%d)" % (tg.name, tg.kind, tg.device_count)
                        for tg in plan.taskgraphs)
     return ("the TaskGraphs of one model replica have different device_count (%s); this "
             "EPL version builds a replica as k copies, copy j running position j of every "
             "TaskGraph, so every TaskGraph needs the same device_count k (for example "
-            "replicate(device_count=k) and split(k)). Give them the same device_count "
+            "replicate(device_count=k) and split(k)); a stage of one width feeding a stage "
+            "of another is not supported. Give them the same device_count "
             "(cluster.colocate_split_and_replicate=True then places them on the same k "
-            "devices; without it each TaskGraph gets k devices of its own)" % widths)
+            "devices; without it each TaskGraph gets k devices of its own). %s"
+            % (widths, _equal_widths_that_fit(plan)))
+
+
+def _equal_widths_that_fit(plan):
+    """The equal device_counts k this job's devices hold, in both placements."""
+    total = plan.worker_num * plan.devices_per_worker
+    count = len(plan.taskgraphs)
+    own = [k for k in range(1, total + 1) if total % (k * count) == 0]
+    shared = [k for k in range(1, total + 1) if total % k == 0]
+    text = "On this job's %d devices: " % total
+    if own:
+        text += "device_count k in %s with devices of their own, or " % own
+    else:
+        text += ("no k gives each of the %d TaskGraphs devices of its own (a replica "
+                 "needs %d x k devices); " % (count, count))
+    return text + "k in %s with cluster.colocate_split_and_replicate=True" % shared
 
 
 def _taskgraph_plan(index, spec, layout, cluster, worker_of):

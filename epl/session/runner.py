@@ -36,9 +36,11 @@ def preflight(program):
     if missing:
         raise PeerLostError(
             "EPL: %s cannot start its collectives: worker(s) at %s did not come up within "
-            "communication.timeout=%s s. Start every worker of TF_CONFIG (epl-launch does) or "
-            "raise EPL_COMMUNICATION_TIMEOUT." % (program.worker_label, ", ".join(missing),
-                                                  program.timeout))
+            "communication.timeout=%s s: a worker that failed before its first step (an "
+            "error in its program or its graph rewrite) never starts its server, so read "
+            "its log first. Start every worker of TF_CONFIG (epl-launch does, and ends the "
+            "job with the first worker's error) or raise EPL_COMMUNICATION_TIMEOUT."
+            % (program.worker_label, ", ".join(missing), program.timeout))
     _PREFLIGHT_DONE[program] = True
 
 

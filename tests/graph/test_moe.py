@@ -86,3 +86,22 @@ def test_experts_must_divide_over_the_devices():
     tokens = tf.placeholder(tf.float32, [None, LENGTH, WIDTH])
     with pytest.raises(ValueError, match="first axis, which must be a multiple of 4"):
         moe_layer(tokens, 6, HIDDEN, split=epl.split(4))
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_moe_in_the_default_placement_is_refused_naming_both_taskgraphs(micro_batches):
+    """Without the colocate key the experts' split TaskGraph gets devices of its own, but
+    the MoE einsums run in the replicated TaskGraph: the plan cannot route their
+    all-to-alls, and the error says where each TaskGraph is and which key to set."""
+    epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches}),
+             cluster=Cluster(devices_per_worker=4))
+    x, y = _data(4)
+    epl.set_default_strategy(epl.replicate(2))
+    loss = _model(*_dataset(x, y, 4), 4, epl.split(2))
+    train = tf.train.AdamOptimizer(0.05, epsilon=1e-4).minimize(loss)
+    with pytest.raises(ValueError, match=(
+            r"runs in TaskGraph 0 'taskgraph_0' \(replicate on .*CPU:0, .*CPU:1\), but the "
+            r"split weights are in 'taskgraph_1' split on .*CPU:2, .*CPU:3; with "
+            r"cluster.colocate_split_and_replicate=False .*Set "
+            r"cluster.colocate_split_and_replicate=True")), tf.Session() as sess:
+        sess.run(train)  # the session rewrites the graph

@@ -38,6 +38,7 @@ def test_worker_that_never_joins_is_named():
     assert proc.returncode != 0
     assert "worker(s) at %s did not come up within communication.timeout=4" % hosts[1] \
         in output, output[-2000:]
+    assert "a worker that failed before its first step" in output  # where to look first
     assert time.time() - start < 60
 
 

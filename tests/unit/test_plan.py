@@ -165,6 +165,25 @@ def test_taskgraphs_of_different_widths_are_refused_naming_what_works():
         make_plan(Config({"pipeline.num_micro_batch": 2}), local(3), specs)
 
 
+@pytest.mark.parametrize("widths,devices,fits", [
+    ((1, 2), 3, r"On this job's 3 devices: no k gives each of the 2 TaskGraphs devices of "
+                r"its own \(a replica needs 2 x k devices\); k in \[1, 3\] with "
+                r"cluster.colocate_split_and_replicate=True"),
+    ((2, 1), 3, r"On this job's 3 devices: no k gives"),
+    ((1, 2), 6, r"On this job's 6 devices: device_count k in \[1, 3\] with devices of their "
+                r"own, or k in \[1, 2, 3, 6\] with cluster.colocate_split_and_replicate")])
+def test_stages_of_widths_one_and_two_are_refused_naming_the_widths_that_fit(widths, devices,
+                                                                             fits):
+    """replicate(1) then split(2) (the issue's case), the reverse, and with room for data
+    parallelism: each refusal names both TaskGraphs' widths and the equal widths this
+    job holds in both placements."""
+    specs = [TaskGraphSpec("s0", "replicate", widths[0]),
+             TaskGraphSpec("s1", "split", widths[1])]
+    named = r"s0: replicate\(%d\), s1: split\(%d\).*" % widths
+    with pytest.raises(PlanError, match=named + "of another is not supported.*" + fits):
+        make_plan(Config({"pipeline.num_micro_batch": 2}), local(devices), specs)
+
+
 def test_a_layout_that_does_not_fit_names_the_colocate_key():
     specs = [TaskGraphSpec("a", "replicate", 3), TaskGraphSpec("b", "split", 3)]
     with pytest.raises(PlanError, match=r"needs 6 devices.*colocate_split_and_replicate=True "
@@ -173,3 +192,22 @@ def test_a_layout_that_does_not_fit_names_the_colocate_key():
     with pytest.raises(PlanError, match=r"device_count k in \[1, 2\] for every TaskGraph"):
         make_plan(Config(), local(4), [TaskGraphSpec("a", "replicate", 3),
                                        TaskGraphSpec("b", "split", 3)])
+
+
+def test_plan_picture_shows_what_runs_on_each_device(tmp_path):
+    """The layout picture lists, per device, each TaskGraph's replica and slice or shard:
+    default placement gives every device one TaskGraph, colocation two; plan_cli --png
+    draws it."""
+    from epl.parallel import plan_picture
+    from epl.plan_cli import main
+    default, colocated, pipeline = [plan for _, plan in plan_picture.docs_panels()]
+    runs = plan_picture._what_runs(default)
+    assert [text for _, text in runs[cpu(2)]] == ["head r0 shard 0"]
+    assert [text for _, text in runs[cpu(5)]] == ["backbone r1 slice 1"]
+    assert [text for _, text in plan_picture._what_runs(colocated)[cpu(3)]] == [
+        "backbone r1 slice 1", "head r1 shard 1"]
+    assert pipeline.pipeline and pipeline.num_replicas == 2
+    path = str(tmp_path / "plan.png")
+    assert main(["--devices", "4", "--taskgraphs", "replicate:2,split:2", "--png", path]) == 0
+    with open(path, "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
