@@ -102,6 +102,16 @@ def child(args):
                             inter_op_parallelism_threads=threads)
     with tf.Session(config=config) as sess:
         sess.run(tf.global_variables_initializer())
+        if args.serve and args.devices_per_worker == 1:  # a job of pipeline_isolated
+            for _ in range(args.warmup):
+                sess.run(train)
+            traces = [tf.RunMetadata() for _ in range(pipeline_isolated.TRACED_STEPS)]
+            for meta in traces:
+                sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+                         run_metadata=meta)
+            pairing.serve_steps(sess, train, 0, 0.0,
+                                ready_info={"action_ms": pipeline_isolated.action_ms(traces)})
+            return
         if args.serve:
             pairing.serve_steps(sess, train, args.warmup, 0.0)
             return

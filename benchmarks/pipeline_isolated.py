@@ -14,8 +14,10 @@ other schedule's job are alive at once and asked for single steps in the order A
 ratio with equal F, B and W (``epl.strategies.schedule.timed``). While one job steps,
 the other's processes sleep on their sockets, so the two jobs never share a core.
 """
+import collections
 import json
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -32,6 +34,52 @@ ROWS = (("PreferForward", "PreferForward", "pipeline"),
 QUICK_ROWS = ROWS[1:2]
 QUICK_MICRO_BATCHES = (4,)
 SERVER_EXIT_SECONDS = 60  # worker 1 leaves by itself once worker 0 has gone
+TRACED_STEPS = 3  # per job, after its warm-up: the action costs' medians
+# A stage function's call: EPL_MICRO_BATCH_<m>/EPL_stage<s>_<kind><chunk>[_first]
+_CALL = re.compile(r"EPL_MICRO_BATCH_(\d+)/EPL_stage(\d+)_(forward|backward|weights)"
+                   r"\d*(_first)?(_\d+)?$")
+_KIND = {"forward": "F", "backward": "B", "weights": "W"}
+
+
+def action_ms(traces):
+    """{"<stage><F|B|W>": median milliseconds} of the stage-function calls in traced
+    steps (``traces``: RunMetadata protos), over every micro-batch of every step: a
+    fused backward is "B"; an action's chunks are summed."""
+    per_action = collections.defaultdict(list)
+    for run_metadata in traces:
+        total = collections.Counter()
+        for dev in run_metadata.step_stats.dev_stats:
+            if "/host:" in dev.device:
+                continue  # TF's host tracer repeats the calls (as async stubs)
+            for node in dev.node_stats:
+                match = _CALL.search(node.node_name)
+                if match:
+                    key = (int(match.group(2)), _KIND[match.group(3)], int(match.group(1)))
+                    total[key] += node.all_end_rel_micros / 1e3
+        for (stage, kind, _), ms in total.items():
+            per_action["%d%s" % (stage, kind)].append(ms)
+    return dict((key, statistics.median(values)) for key, values in per_action.items())
+
+
+class MeasuredCosts(object):
+    """Costs for ``epl.strategies.schedule.timed`` from :func:`action_ms`: each stage's
+    own F, B and W (a schedule that does not split the backward measured B fused; an
+    action no call ran, such as stage 0's B, costs nothing)."""
+
+    def __init__(self, measured):
+        self.measured = measured
+
+    def of(self, action, split):
+        del split  # the measured B is already fused or not, as the schedule ran it
+        return self.measured.get("%d%s" % (action.stage, action.kind), 0.0)
+
+
+def simulated_with(measured, strategy, micro_batches, memory):
+    """The simulated step (ms) of a schedule with its own measured action costs."""
+    from epl.strategies.schedule import get_schedule, timed
+    options = {"memory": memory} if strategy == "ZeroBubble" else {}
+    schedule = get_schedule(strategy, len(CORES), micro_batches, **options)
+    return timed.makespan(schedule, MeasuredCosts(measured))
 
 
 def free_hosts(count):
@@ -91,9 +139,14 @@ def measure(child_argv, micro_batches, rows, pairs, log_dir, simulated):
                 starts.append((name, lambda a=child_argv(m, s, mem), w="m=%d %s" % (m, s),
                                p=log: PinnedJob(a, w, p)))
             load_before = common.load_average()
-            steps, _, _ = pairing.run_pair(starts, pairs)
+            steps, _, servers = pairing.run_pair(starts, pairs)
             ratios = [a / b for a, b in zip(steps["other"], steps["base"])]
+            costs = dict((name, server.ready.get("action_ms", {})) for name, server in servers)
+            base_ms = simulated_with(costs["base"], "PreferBackward", m, "pipeline")
+            other_ms = simulated_with(costs["other"], strategy, m, memory)
             found[m][label] = {
+                "action_ms": costs, "simulated_ms": {"base": base_ms, "other": other_ms},
+                "simulated_measured": other_ms / base_ms if base_ms else None,
                 "median": statistics.median(ratios), "quartiles": pairing.quartiles(ratios),
                 "base_step_seconds": statistics.median(steps["base"]),
                 "step_seconds": statistics.median(steps["other"]),
@@ -117,6 +170,8 @@ def report_lines(found, args):
             rows.append([label, m, "%.0f" % (r["base_step_seconds"] * 1e3),
                          "%.0f" % (r["step_seconds"] * 1e3), "%.3f" % r["median"],
                          "%.3f-%.3f" % tuple(r["quartiles"]), "%.3f" % r["simulated"], gain,
+                         _ratio(r["simulated_measured"]), _costs(r["action_ms"]["other"]),
+                         "%.0f / %.0f" % (r["simulated_ms"]["base"], r["simulated_ms"]["other"]),
                          "%s / %s" % (_load(r["load_before"]), _load(r["load_after"]))])
     return [
         "## Stages on their own cores (2 worker processes, `taskset`, 1 thread each)", "",
@@ -126,10 +181,26 @@ def report_lines(found, args):
         "once, single steps alternated, %d pairs; step / PreferBackward is the median "
         "ratio of adjacent steps; simulated is the timed simulator's ratio with equal F, B "
         "and W (a fused backward costs B + W). Load: 1-minute load average before / after "
-        "the row (other processes on the 2 cores)." % args.pairs, "",
+        "the row (other processes on the 2 cores). With measured costs: each job traced "
+        "%d steps after its warm-up; the simulator ran each schedule with its own median F, "
+        "B and W call times per stage (ms, listed for the row's schedule; stage 0 has no B "
+        "when the backward is split) and gives the ratio and both simulated steps, to set "
+        "beside the measured steps." % (args.pairs, TRACED_STEPS), "",
         common.markdown_table(["schedule", "m", "PreferBackward step ms", "step ms",
                                "step / PreferBackward (median)", "quartiles", "simulated",
-                               "of predicted gain", "load"], rows), ""]
+                               "of predicted gain", "simulated, measured costs",
+                               "F/B/W ms per stage", "simulated ms (PreferBackward / row)",
+                               "load"], rows), ""]
+
+
+def _ratio(value):
+    return "-" if value is None else "%.3f" % value
+
+
+def _costs(measured):
+    stages = sorted(set(int(key[:-1]) for key in measured))
+    return "; ".join("%d: %s" % (s, "/".join("%.1f" % measured.get("%d%s" % (s, k), 0.0)
+                                             for k in "FBW")) for s in stages) or "-"
 
 
 def _load(value):
