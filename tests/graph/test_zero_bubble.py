@@ -12,7 +12,7 @@ from epl.cluster import Cluster
 from epl.parallel.repeat.backward_split import weight_ops
 from eplutil import (MEASURED, copy_values, dataset_input, initial_weights, make_data,
                      max_diff, serial_train, stage_peak_bytes, staged_mlp, trace_times,
-                     train_step)
+                     traced_stage_peaks, train_step)
 from realmodels import CORPUS, Bert, ResNet
 
 TOL = 1e-5
@@ -254,7 +254,7 @@ class _WiderBert(Bert):
 
 def _bert_stage_peaks(strategy, memory="pipeline", micro_batches=2):
     """Peak bytes per stage in one traced step of the encoder, unrolled copies."""
-    from epl.profiler import device_memory_stats
+    tf.reset_default_graph()
     model = _WiderBert()
     epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches,
                          "pipeline.strategy": strategy, "pipeline.micro_batching": "unrolled",
@@ -263,16 +263,7 @@ def _bert_stage_peaks(strategy, memory="pipeline", micro_batches=2):
     arrays = model.data(model.batch * micro_batches * 2)
     loss = model.loss(corpusutil.dataset(arrays, model.batch),
                       lambda i: epl.replicate(1, name="stage_%d" % i))
-    train = model.train_op(loss)
-    meta = tf.RunMetadata()
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        sess.run(train)
-        sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
-                 run_metadata=meta)
-    stats = device_memory_stats(meta)
-    return [max(m.peak_bytes for d, m in stats.items() if d.endswith("CPU:%d" % stage))
-            for stage in range(2)]
+    return traced_stage_peaks(model.train_op(loss))
 
 
 def test_transformer_stage_peaks_within_prefer_backward():
