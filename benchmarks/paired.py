@@ -37,14 +37,16 @@ def allocator_env(allocator, env):
     return env
 
 
-def serve_steps(sess, train, warmup, first_step, runs=1):
-    """Child side: ``warmup`` steps, a ready line, then one timed step (seconds and
+def serve_steps(sess, train, warmup, first_step, runs=1, ready_info=None):
+    """Child side: ``warmup`` steps, a ready line (with ``ready_info``'s items: the
+    driver's ``StepServer.ready``), then one timed step (seconds and
     minor page faults and the process's CPU seconds, all threads: a BENCH line) per
     line read from stdin, until it closes. A step
     is ``runs`` runs of ``train`` (gradient accumulation: the runs of one apply)."""
     for _ in range(warmup * runs):
         sess.run(train)
-    common.bench_line(dict(ready=True, first_step=first_step))
+    ready = dict(ready_info or {}, ready=True, first_step=first_step)
+    common.bench_line(ready)
     for _ in sys.stdin:
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start, cpu = time.time(), time.process_time()
@@ -69,7 +71,8 @@ class StepServer(object):
         self.max_rss_mb = None
         self.cpu = []  # CPU seconds of each step (less sensitive to other processes)
         threading.Thread(target=self._pump, daemon=True).start()
-        self.first_step = self._next(BUILD_TIMEOUT)["first_step"]
+        self.ready = self._next(BUILD_TIMEOUT)
+        self.first_step = self.ready["first_step"]
 
     def _pump(self):
         for line in self.proc.stdout:

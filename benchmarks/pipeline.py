@@ -27,6 +27,13 @@ over PreferBackward that the simulator predicts.
     .venv/bin/python benchmarks/pipeline.py [--micro-batches 1,2,4,8] [--batch 64]
     .venv/bin/python benchmarks/pipeline.py --micro-batches 1 --schedule-micro-batches 4,8,16
 
+Stages on their own cores (``--isolated``, :mod:`pipeline_isolated`): the pipeline spans
+two worker processes pinned to one core each (``taskset``, one thread each), and
+PreferForward, ZeroBubble and ZeroBubble with per-stage memory are each stepped in
+turn with PreferBackward at m = 4, 8, 16; ``--quick``: ZeroBubble at m = 4 only::
+
+    .venv/bin/python benchmarks/pipeline.py --isolated [--quick] [--pairs 16]
+
 Each configuration runs in a fresh child process with a hard timeout.
 """
 import argparse
@@ -42,6 +49,7 @@ sys.path.insert(0, HERE)
 
 import common  # noqa: E402
 import paired as pairing  # noqa: E402
+import pipeline_isolated  # noqa: E402
 
 STAGES = 2
 TARGET_SPEEDUP_FRACTION = 0.9
@@ -80,7 +88,7 @@ def build_model(tf, epl, batch, width, layers, features=256):
 def child(args):
     """Measure one configuration in this process; print one BENCH line (with
     ``--serve``: serve single steps to a paired driver, see paired.py)."""
-    os.environ["EPL_NUM_VIRTUAL_DEVICES"] = str(STAGES)
+    os.environ["EPL_NUM_VIRTUAL_DEVICES"] = str(args.devices_per_worker)
     import tensorflow.compat.v1 as tf
     import epl
     tf.logging.set_verbosity(tf.logging.ERROR)
@@ -89,10 +97,21 @@ def child(args):
     epl.init(epl.Config({"pipeline.num_micro_batch": m, "pipeline.strategy": args.strategy,
                          "pipeline.zero_bubble_memory": args.zero_bubble_memory}))
     _, train = build_model(tf, epl, batch, args.width, args.layers)
+    threads = 1 if m == 1 or args.devices_per_worker == 1 else STAGES  # a core per stage
     config = tf.ConfigProto(intra_op_parallelism_threads=1,
-                            inter_op_parallelism_threads=STAGES if m > 1 else 1)
+                            inter_op_parallelism_threads=threads)
     with tf.Session(config=config) as sess:
         sess.run(tf.global_variables_initializer())
+        if args.serve and args.devices_per_worker == 1:  # a job of pipeline_isolated
+            for _ in range(args.warmup):
+                sess.run(train)
+            traces = [tf.RunMetadata() for _ in range(pipeline_isolated.TRACED_STEPS)]
+            for meta in traces:
+                sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
+                         run_metadata=meta)
+            pairing.serve_steps(sess, train, 0, 0.0,
+                                ready_info={"action_ms": pipeline_isolated.action_ms(traces)})
+            return
         if args.serve:
             pairing.serve_steps(sess, train, args.warmup, 0.0)
             return
@@ -115,12 +134,17 @@ def child(args):
                              "peak_bytes": peaks}), flush=True)
 
 
-def _child_argv(args, micro_batches, strategy, memory="pipeline", steps=None):
+def _child_argv(args, micro_batches, strategy, memory="pipeline", steps=None, devices=STAGES):
     return [sys.executable, os.path.abspath(__file__), "--child-micro-batches",
             str(micro_batches), "--strategy", strategy, "--batch", str(args.batch),
             "--width", str(args.width), "--layers", str(args.layers), "--steps",
             str(steps or args.steps), "--warmup", str(args.warmup),
-            "--zero-bubble-memory", memory]
+            "--zero-bubble-memory", memory, "--devices-per-worker", str(devices)]
+
+
+def _isolated_worker_argv(args, micro_batches, strategy, memory):
+    """A worker of an isolated job: one device, steps served to the driver."""
+    return _child_argv(args, micro_batches, strategy, memory, devices=1) + ["--serve"]
 
 
 def run_child(args, micro_batches, strategy, memory="pipeline", steps=None):
@@ -365,9 +389,19 @@ def main(argv=None):
     parser.add_argument("--strategy", default="PreferBackward", help=argparse.SUPPRESS)
     parser.add_argument("--zero-bubble-memory", default="pipeline", help=argparse.SUPPRESS)
     parser.add_argument("--child-micro-batches", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--devices-per-worker", type=int, default=STAGES, help=argparse.SUPPRESS)
+    parser.add_argument("--isolated", action="store_true",
+                        help="only the table with each stage in its own worker process on "
+                             "its own core (pipeline_isolated.py)")
+    parser.add_argument("--quick", action="store_true",
+                        help="with --isolated: ZeroBubble against PreferBackward at m = 4 only")
     args = parser.parse_args(argv)
     if args.child_micro_batches:
         child(args)
+        return 0
+    if args.isolated:
+        pipeline_isolated.run(args, lambda m, s, mem: _isolated_worker_argv(args, m, s, mem),
+                              simulated)
         return 0
     start = time.time()
     rows, records, memory, single = measure(args)

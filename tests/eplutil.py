@@ -475,7 +475,6 @@ def stage_peak_bytes(settings, stages=2):
     """Peak bytes allocated on each stage's device (stage order) in one traced step
     (activations and temporaries) of a pipeline of ``stages`` stages of 3 dense layers
     of 256 x 256 whose activations dwarf its weights, under config ``settings``."""
-    from epl.profiler import device_memory_stats
     tf.reset_default_graph()
     epl.init(epl.Config(settings), cluster=Cluster(devices_per_worker=stages))
     rng = np.random.RandomState(0)
@@ -490,7 +489,13 @@ def stage_peak_bytes(settings, stages=2):
                                          name="s%d_%d" % (stage, layer))
             if stage == stages - 1:
                 loss = tf.losses.sparse_softmax_cross_entropy(y, tf.layers.dense(hidden, 4))
-    train = tf.train.GradientDescentOptimizer(0.01).minimize(loss)
+    return traced_stage_peaks(tf.train.GradientDescentOptimizer(0.01).minimize(loss), stages)
+
+
+def traced_stage_peaks(train, stages=2):
+    """Peak bytes allocated on each stage's device (stage order) in a traced run of
+    ``train`` after one untraced run (stage s on device CPU:s of this worker)."""
+    from epl.profiler import device_memory_stats
     meta = tf.RunMetadata()
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())

@@ -7,7 +7,8 @@
 * ``FlopsProfilerHook`` (``epl.profiler.flops``): float operations per step and
   the achieved FLOP/s.
 * ``device_memory_stats(run_metadata)`` (``epl.profiler.run_metadata``): the pure
-  peak computation behind the memory hook.
+  peak computation behind the memory hook; ``alive_at_peak(run_metadata, device)``: which
+  nodes' tensors fill a device's peak.
 
 * ``estimate(profile, plan, config)`` and the profiles of
   :mod:`epl.profiler.memory_estimate`: memory per device before running, pure
@@ -24,6 +25,7 @@ _EXPORTS = {
     "FlopsProfilerHook": "epl.profiler.flops",
     "MemoryProfilerHook": "epl.profiler.memory_profiler_hook",
     "ProfileResult": "epl.profiler.profiler",
+    "alive_at_peak": "epl.profiler.run_metadata",
     "device_memory_stats": "epl.profiler.run_metadata",
     "graph_flops": "epl.profiler.profiler",
     "profile_flops": "epl.profiler.profiler",

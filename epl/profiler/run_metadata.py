@@ -131,6 +131,36 @@ def device_memory_stats(run_metadata, top_k=10):
     return stats
 
 
+def alive_at_peak(run_metadata, device):
+    """What fills a device's peak: ``[(node name, bytes)]`` that each node had allocated
+    during the step and not yet freed when the device's running sum peaked, largest
+    first (ties by name). ``device`` is matched as a suffix (``"device:CPU:1"``).
+
+    ``device_memory_stats`` says how high the peak is; this says which tensors are alive
+    there (records in ``bytes_in_use_timeline``'s order, up to the one that reached the
+    peak, so the sizes add up to ``peak_bytes``), which is what comparing two schedules'
+    peaks needs: the ZeroBubble analysis in docs/design.md was read off it.
+    """
+    records = []
+    for dev in run_metadata.step_stats.dev_stats:
+        if dev.device.endswith(device) and _has_memory_info(dev):
+            records.extend(_records(dev))
+    if not records:
+        raise ValueError("no allocation records for a device named like %r in this "
+                         "RunMetadata (traced with FULL_TRACE?)" % (device,))
+    ordered = sorted(records, key=lambda rec: rec[0])   # stable, as in the timeline
+    in_use, peak, peak_index = 0, 0, -1
+    for index, (_, num_bytes, _) in enumerate(ordered):
+        in_use += num_bytes
+        if in_use > peak:
+            peak, peak_index = in_use, index
+    alive = collections.Counter()
+    for _, num_bytes, name in ordered[:peak_index + 1]:
+        alive[name] += num_bytes
+    return sorted(((name, size) for name, size in alive.items() if size > 0),
+                  key=lambda item: (-item[1], item[0]))
+
+
 def memory_stats_to_dict(stats):
     """JSON-ready form of ``device_memory_stats``: device -> plain dict."""
     out = collections.OrderedDict()

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from epl.profiler import device_memory_stats, profile_flops, profile_memory
+from epl.profiler import alive_at_peak, device_memory_stats, profile_flops, profile_memory
 from epl.profiler import flops as flops_lib
 from epl.profiler import memory_profiler_hook as mem_lib
 from epl.profiler.flops import FlopsProfilerHook
@@ -63,6 +63,20 @@ def test_peak_of_hand_built_run_metadata():
     assert dev_b.peak_bytes == 32 and dev_b.peak_micros == 9 - 5
     assert dev_b.persistent_bytes == 1000
     assert dev_b.top_ops == [("y", 32), ("x", 8)]
+
+
+def test_alive_at_peak_names_what_fills_each_peak():
+    metadata = _hand_built_metadata()
+    # CPU:0 peaks at 25 (350): a, b and c all alive; CPU:1 at 9 (32): only y (x freed at 8).
+    assert alive_at_peak(metadata, "CPU:0") == [("c", 200), ("a", 100), ("b", 50)]
+    assert alive_at_peak(metadata, "device:CPU:1") == [("y", 32)]
+    same_micros = tf.RunMetadata()
+    dev = same_micros.step_stats.dev_stats.add(device="/device:CPU:0")
+    _node(dev, "p", [(5, 10), (5, -10)])   # freed in the peak's microsecond, after the peak
+    _node(dev, "q", [(5, 4)])
+    assert alive_at_peak(same_micros, "CPU:0") == [("p", 10)]
+    with pytest.raises(ValueError, match="CPU:7"):
+        alive_at_peak(metadata, "CPU:7")
 
 
 def test_timeline_edge_cases():

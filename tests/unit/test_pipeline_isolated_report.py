@@ -1,0 +1,61 @@
+"""benchmarks/pipeline_isolated.py (``pipeline.py --isolated``): the F, B and W times it
+reads from traced steps (stage-function calls only: not the host tracer's stubs, not
+the calls' Send/Recv nodes), the simulator run with those per-stage costs, and the table."""
+import argparse
+import importlib.util
+import os
+import sys
+from types import SimpleNamespace as Proto
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+_SPEC = importlib.util.spec_from_file_location(
+    "pipeline_isolated", os.path.join(ROOT, "benchmarks", "pipeline_isolated.py"))
+isolated = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(isolated)
+
+
+def _trace(calls):
+    """A RunMetadata-shaped object whose worker device ran ``calls`` ({node: micros})
+    (the fields action_ms reads; no TensorFlow in unit tests)."""
+    node = lambda name, micros: Proto(node_name=name, all_end_rel_micros=micros)
+    worker = [node(name, micros) for name, micros in calls.items()]
+    worker.append(node("EPL_MICRO_BATCH_0/EPL_stage1_backward0_S14", 10 ** 6))  # a _Send
+    host = [node(name, 10 ** 6) for name in calls]  # the host tracer's async stubs
+    return Proto(step_stats=Proto(dev_stats=[
+        Proto(device="/job:worker/replica:0/task:1/device:CPU:0", node_stats=worker),
+        Proto(device="/host:CPU", node_stats=host)]))
+
+
+def test_action_times_sum_chunks_and_take_the_median_over_micro_batches():
+    first = _trace({"EPL_MICRO_BATCH_0/EPL_stage1_forward": 1000,
+                    "EPL_MICRO_BATCH_0/EPL_stage1_backward0": 2000,
+                    "EPL_MICRO_BATCH_0/EPL_stage1_weights0_first": 500,
+                    "EPL_MICRO_BATCH_0/EPL_stage1_weights1_first": 700,
+                    "EPL_MICRO_BATCH_1/EPL_stage1_forward": 3000})
+    second = _trace({"EPL_MICRO_BATCH_0/EPL_stage1_forward": 2000})
+    found = isolated.action_ms([first, second])
+    assert found == {"1F": 2.0, "1B": 2.0, "1W": 1.2}
+
+
+def test_simulated_with_measured_costs():
+    # Stage 0's backward is all W (nothing before it waits for input gradients): no B.
+    zb = {"0F": 1.0, "0W": 2.0, "1F": 1.0, "1B": 1.0, "1W": 1.0}
+    pb = {"0F": 1.0, "0B": 2.0, "1F": 1.0, "1B": 2.0}
+    assert isolated.simulated_with(pb, "PreferBackward", 4, "pipeline") == 15.0
+    assert isolated.simulated_with(zb, "ZeroBubble", 4, "pipeline") == 13.0
+    slow_w = dict(zb, **{"1W": 3.0})
+    assert isolated.simulated_with(slow_w, "ZeroBubble", 4, "pipeline") > 13.0
+
+
+def test_report_rows():
+    row = {"median": 0.9, "quartiles": (0.85, 0.95), "base_step_seconds": 1.0,
+           "step_seconds": 0.9, "simulated": 0.867, "simulated_measured": 0.88,
+           "action_ms": {"base": {}, "other": {"0F": 10.0, "0W": 20.0, "1F": 10.0,
+                                               "1B": 9.0, "1W": 11.0}},
+           "simulated_ms": {"base": 150.0, "other": 132.0}, "pairs": 4,
+           "load_before": [3.0, 2.0, 1.0], "load_after": None}
+    lines = isolated.report_lines({4: {"ZeroBubble": row}}, argparse.Namespace(pairs=4))
+    table = [line for line in "\n".join(lines).splitlines() if line.startswith("| ZeroBubble")]
+    assert table == ["| ZeroBubble | 4 | 1000 | 900 | 0.900 | 0.850-0.950 | 0.867 | 75% | "
+                     "0.880 | 0: 10.0/0.0/20.0; 1: 10.0/9.0/11.0 | 150 / 132 | 3.00 / - |"]
