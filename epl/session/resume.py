@@ -74,9 +74,11 @@ class SnapshotRecord(object):
 
 
 class _SessionState(object):
-    def __init__(self, skipped):
+    def __init__(self):
         self.runs = 0
-        self.skipped = skipped   # input names whose state is not saved
+        # input names whose state is not saved; None until known (a fresh job's first
+        # snapshot finds out by saving, see Snapshots._write)
+        self.skipped = None
 
 
 def _value(run, session, tensor):
@@ -138,10 +140,12 @@ class Snapshots(object):
                 "your loop is in the data it feeds; after a resume it feeds what your loop "
                 "feeds next" % ", ".join(sorted(getattr(k, "name", str(k))
                                                 for k in feed_dict)[:3]))
-        state = _SessionState(self._unsaveable_inputs(session, run, record))
+        state = _SessionState()
         if not self._resumed:
             self._resumed = True
             self._resume(session, program, run, record, state)
+        if state.skipped is None:
+            state.skipped = self._unsaveable_inputs(session, run, record)
         return state
 
     def _unsaveable_inputs(self, session, run, record):
@@ -181,6 +185,7 @@ class Snapshots(object):
         step, manifests = store.choose(root)
         restored = None
         if step is not None:
+            state.skipped = self._unsaveable_inputs(session, run, record)
             restored = self._restore(session, run, record, state, step, manifests)
             LOG.warning("EPL: resuming from the snapshot of step %d in %s (the program "
                         "had set up step %d)", step, root, before)
@@ -232,18 +237,18 @@ class Snapshots(object):
         root = record.settings.directory
         step = _value(run, session, record.global_step)
         directory = store.begin_part(root, step, record.worker)
-        inputs, prefixes, saves = {}, [], []
-        for index, entry in enumerate(record.inputs):
-            if entry.name in state.skipped:
-                continue
-            prefix = "data-%d-%d" % (record.worker, index)
-            saves.append((entry.saver, os.path.join(directory, prefix)))
-            inputs[entry.name] = prefix
-            prefixes.append(prefix + ".")
-        if record.model_saver is not None:
-            saves.append((record.model_saver, os.path.join(directory, "model")))
-            prefixes.append("model.")
-        _run_saves(session, run, saves)
+        saved = None
+        if state.skipped is None:
+            # A fresh job's first snapshot: saving every input is the check that each
+            # can be saved (a separate check was one more TF run before the first step);
+            # only when the save fails is each input tried alone.
+            try:
+                saved = _save_parts(session, run, record, directory, ())
+                state.skipped = set()
+            except Exception:  # pylint: disable=broad-except
+                state.skipped = self._unsaveable_inputs(session, run, record)
+        inputs, prefixes = saved or _save_parts(session, run, record, directory,
+                                                state.skipped)
         files = [name for name in os.listdir(directory)
                  if name.startswith(tuple(prefixes)) and "tempstate" not in name]
         store.commit_part(root, step, record.worker, record.writers, files,
@@ -255,14 +260,27 @@ class Snapshots(object):
         LOG.info("EPL: snapshot of step %d written to %s in %.2f s", step, directory, seconds)
 
 
-def _run_saves(session, run, saves):
-    """Run every (saver, path) of ``saves`` in one TF run: each saver writes its own
-    files, and one run is one set of fetches for TF to prune, place and build
-    executors for, where a run per saver (the model, each input) was one each."""
-    if not saves:
-        return
-    run(session, [saver.saver_def.save_tensor_name for saver, _ in saves],
-        dict((saver.saver_def.filename_tensor_name, path) for saver, path in saves))
+def _save_parts(session, run, record, directory, skipped):
+    """Save this worker's part of a snapshot into ``directory``: every input not in
+    ``skipped`` and (a writer of the model) the model, all in one TF run (each saver
+    writes its own files; a run per saver was one more set of fetches for TF to prune,
+    place and build executors for). Returns ({input name: file prefix}, [prefixes of
+    the files written])."""
+    inputs, prefixes, saves = {}, [], []
+    for index, entry in enumerate(record.inputs):
+        if entry.name in skipped:
+            continue
+        prefix = "data-%d-%d" % (record.worker, index)
+        saves.append((entry.saver, os.path.join(directory, prefix)))
+        inputs[entry.name] = prefix
+        prefixes.append(prefix + ".")
+    if record.model_saver is not None:
+        saves.append((record.model_saver, os.path.join(directory, "model")))
+        prefixes.append("model.")
+    if saves:
+        run(session, [saver.saver_def.save_tensor_name for saver, _ in saves],
+            dict((saver.saver_def.filename_tensor_name, path) for saver, path in saves))
+    return inputs, prefixes
 
 
 def _run_restore(session, run, saver, path):
