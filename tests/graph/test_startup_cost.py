@@ -42,19 +42,24 @@ def test_epl_init_does_not_import_tf_contrib():
     assert lines == ["NEW []"], out.stdout[-2000:]
 
 
-def test_one_copy_runs_only_epl_set_up_before_its_first_step():
-    """Gradient accumulation on one device keeps EPL state (a counter, accumulators) that
-    a set-up op initializes. With one copy there is nothing to broadcast after the
-    user's initializer: the first run used to check that every variable was initialized
-    and run the "broadcast" (two more TF runs, each pruning, placing and building
-    executors for its own graph); now it runs the set-up only."""
+def _one_copy_accumulation_step():
+    """Gradient accumulation of 2 runs on one device, trained one run; its program."""
     epl.init(epl.Config({"pipeline.num_micro_batch": 2}), cluster=Cluster(devices_per_worker=1))
     epl.set_default_strategy(epl.replicate(1))
     x, y = make_data(16)
     train = train_step(mlp(*dataset_input(x, y, 4), weights=initial_weights()))
     with tf.train.MonitoredTrainingSession() as sess:
         sess.run(train)
-        program = epl.Graph.get().parallel
+        return epl.Graph.get().parallel
+
+
+def test_one_copy_runs_only_epl_set_up_before_its_first_step():
+    """Gradient accumulation on one device keeps EPL state (a counter, accumulators) that
+    a set-up op initializes. With one copy there is nothing to broadcast after the
+    user's initializer: the first run used to check that every variable was initialized
+    and run the "broadcast" (two more TF runs, each pruning, placing and building
+    executors for its own graph); now it runs the set-up only."""
+    program = _one_copy_accumulation_step()
     assert program.linked_init and program.sync_op is None and program.init_check is None
     assert program.setup_op is not None
 
@@ -121,13 +126,7 @@ def test_the_rewrite_builds_ops_past_create_ops_deprecation_check(monkeypatch):
             monkeypatch.setattr(tf_inspect, "getcallargs", original_check)
     monkeypatch.setattr(rewriter, "parallelize", parallelize)
     decorated = tf.Graph.create_op
-    epl.init(epl.Config({"pipeline.num_micro_batch": 2}), cluster=Cluster(devices_per_worker=1))
-    epl.set_default_strategy(epl.replicate(1))
-    x, y = make_data(16)
-    train = train_step(mlp(*dataset_input(x, y, 4), weights=initial_weights()))
-    with tf.train.MonitoredTrainingSession() as sess:
-        sess.run(train)
-        program = epl.Graph.get().parallel
+    program = _one_copy_accumulation_step()
     assert program is not None and program.setup_op is not None  # the rewrite built ops
     assert "create_op" not in checked, checked[:5]
     assert tf.Graph.create_op is decorated  # as it was outside the rewrite
