@@ -16,6 +16,10 @@ LISTED_OPS_WITHOUT_CPU_HALF_KERNEL = frozenset([
 # the caller's function library is copied along, the body keeps its devices.
 FUNCTION_BODY_OPTIONS = {}
 
+# TF 1.15's op wrappers build every op through Graph.create_op, past its deprecation
+# decorator (tf_adapter_graph.undecorated_op_creation).
+OPS_BUILT_PAST_CREATE_OP = False
+
 
 def seed_position(graph):
     """TF 1.15 seeds an unseeded random op with the id of the last op created."""

@@ -19,6 +19,10 @@ LISTED_OPS_WITHOUT_CPU_HALF_KERNEL = frozenset([
 # shapes: passed that way, the shapes were dropped and no op of a body had known shapes.)
 FUNCTION_BODY_OPTIONS = {"include_library_functions": True, "propagate_device_spec": True}
 
+# TF 2.x's op wrappers build ops through Graph._create_op_internal, never through
+# create_op's deprecation decorator (tf_adapter_graph.undecorated_op_creation).
+OPS_BUILT_PAST_CREATE_OP = True
+
 
 def seed_position(graph):
     """TF 2.x seeds an unseeded random op with the count of seeds drawn in its graph."""

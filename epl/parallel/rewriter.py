@@ -103,7 +103,7 @@ def parallelize(view, config, cluster, plan=None, passes=PASSES):
     plan = plan if plan is not None else plan_for(view, config, cluster)
     _check_supported(plan, cluster)
     ctx = RewriteContext(view, config, cluster, plan)
-    with tf_adapter.unfinalized(view.tf_graph):
+    with tf_adapter.unfinalized(view.tf_graph), tf_adapter.undecorated_op_creation():
         try:
             with view.phase_scope(Phase.EPL):
                 for rewrite_pass in passes:

@@ -11,6 +11,7 @@ import tensorflow.compat.v1 as tf
 
 import epl
 from epl.cluster import Cluster
+from epl.session import snapshot_store
 from eplutil import dataset_input, make_data, mlp, initial_weights, train_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,18 +42,91 @@ def test_epl_init_does_not_import_tf_contrib():
     assert lines == ["NEW []"], out.stdout[-2000:]
 
 
-def test_one_copy_runs_only_epl_set_up_before_its_first_step():
-    """Gradient accumulation on one device keeps EPL state (a counter, accumulators) that
-    a set-up op initializes. With one copy there is nothing to broadcast after the
-    user's initializer: the first run used to check that every variable was initialized
-    and run the "broadcast" (two more TF runs, each pruning, placing and building
-    executors for its own graph); now it runs the set-up only."""
+def _one_copy_accumulation_step():
+    """Gradient accumulation of 2 runs on one device, trained one run; its program."""
     epl.init(epl.Config({"pipeline.num_micro_batch": 2}), cluster=Cluster(devices_per_worker=1))
     epl.set_default_strategy(epl.replicate(1))
     x, y = make_data(16)
     train = train_step(mlp(*dataset_input(x, y, 4), weights=initial_weights()))
     with tf.train.MonitoredTrainingSession() as sess:
         sess.run(train)
-        program = epl.Graph.get().parallel
+        return epl.Graph.get().parallel
+
+
+def test_one_copy_runs_only_epl_set_up_before_its_first_step():
+    """Gradient accumulation on one device keeps EPL state (a counter, accumulators) that
+    a set-up op initializes. With one copy there is nothing to broadcast after the
+    user's initializer: the first run used to check that every variable was initialized
+    and run the "broadcast" (two more TF runs, each pruning, placing and building
+    executors for its own graph); now it runs the set-up only."""
+    program = _one_copy_accumulation_step()
     assert program.linked_init and program.sync_op is None and program.init_check is None
     assert program.setup_op is not None
+
+
+def _two_inputs(batch):
+    """Features and labels from two tf.data iterators (a snapshot saves each one's
+    position)."""
+    x, y = make_data(16)
+    features = tf.data.make_one_shot_iterator(
+        tf.data.Dataset.from_tensor_slices(x).batch(batch)).get_next()
+    labels = tf.data.make_one_shot_iterator(
+        tf.data.Dataset.from_tensor_slices(y).batch(batch)).get_next()
+    return features, labels
+
+
+def test_first_snapshot_runs_one_set_of_fetches_per_purpose(tmp_path, monkeypatch):
+    """A job with snapshots (``epl-launch`` turns them on) writes one of its starting
+    point at its first training run. Each TF run with a new set of fetches prunes,
+    places and builds executors of its own (about 0.25 s CPU each on a 12k-op encoder):
+    reading the global step and saving the snapshot are one each, not one per input
+    and one more for the model, and a fresh job's first snapshot is its check that
+    every input can be saved (a check of its own was one more run per input)."""
+    epl.init(epl.Config({"checkpoint.snapshot_steps": 100,
+                         "checkpoint.snapshot_dir": str(tmp_path)}),
+             cluster=Cluster(devices_per_worker=1))
+    epl.set_default_strategy(epl.replicate(1))
+    train = train_step(mlp(*_two_inputs(4), weights=initial_weights()))
+    fetch_sets = []
+    original = tf.Session._do_run
+
+    def _do_run(self, handle, targets, fetches, feeds, *rest):
+        fetch_sets.append(frozenset(getattr(t, "name", str(t)) for t in
+                                    list(targets) + list(fetches) + list(feeds)))
+        return original(self, handle, targets, fetches, feeds, *rest)
+    with tf.train.MonitoredTrainingSession() as sess:
+        monkeypatch.setattr(tf.Session, "_do_run", _do_run)
+        sess.run(train)
+        sess.run(train)
+    # the global step (read 3 times), the save of the snapshot (the model and 3
+    # iterators: the model's 2 and EPL's end-of-input one), the training run (twice)
+    assert len(fetch_sets) == 6 and len(set(fetch_sets)) == 3, fetch_sets
+    step, manifests = snapshot_store.choose(str(tmp_path))
+    assert step == 0 and len(manifests[0]["inputs"]) == 3, manifests
+
+
+def test_the_rewrite_builds_ops_past_create_ops_deprecation_check(monkeypatch):
+    """TF 1.15 builds every op through ``Graph.create_op``, whose deprecation decorator
+    calls ``getcallargs`` on every call (about 70 us of an op's 220-290 us); EPL's rewrite
+    builds thousands of ops, so it builds them past that check (TF 2.x never calls it)."""
+    from tensorflow.python.util import tf_inspect
+    from epl.parallel import rewriter
+    checked, original_check = [], tf_inspect.getcallargs
+    original_parallelize = rewriter.parallelize
+
+    def getcallargs(function, *args, **kwargs):
+        checked.append(function.__name__)
+        return original_check(function, *args, **kwargs)
+
+    def parallelize(*args, **kwargs):
+        monkeypatch.setattr(tf_inspect, "getcallargs", getcallargs)
+        try:
+            return original_parallelize(*args, **kwargs)
+        finally:
+            monkeypatch.setattr(tf_inspect, "getcallargs", original_check)
+    monkeypatch.setattr(rewriter, "parallelize", parallelize)
+    decorated = tf.Graph.create_op
+    program = _one_copy_accumulation_step()
+    assert program is not None and program.setup_op is not None  # the rewrite built ops
+    assert "create_op" not in checked, checked[:5]
+    assert tf.Graph.create_op is decorated  # as it was outside the rewrite
