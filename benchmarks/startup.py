@@ -217,7 +217,7 @@ def run_row(args, shape, row, code=None):
     else:
         result = common.run_single(argv, TIMEOUT, what, extra_env=env, drop_env=drop)
     result["load_before"] = load
-    result["code"] = code or common.REPO
+    result["code"] = "baseline" if code else "this checkout"  # no machine paths in results
     return result
 
 
