@@ -217,7 +217,10 @@ def run_row(args, shape, row, code=None):
     else:
         result = common.run_single(argv, TIMEOUT, what, extra_env=env, drop_env=drop)
     result["load_before"] = load
-    result["code"] = "baseline" if code else "this checkout"  # no machine paths in results
+    # results name the code, not a machine path (epl_path: which checkout's epl it imported)
+    result["code"] = "baseline" if code else "this checkout"
+    result["epl_path"] = {common.REPO: "this checkout", code: "baseline"}.get(
+        result.get("epl_path"), result.get("epl_path") and "another checkout")
     return result
 
 
