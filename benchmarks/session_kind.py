@@ -1,0 +1,185 @@
+"""Steady step of a one-task job: in this process (local session) vs through a server.
+
+Since 2026-11-28 a job of one task runs in-process: TF's DirectSession, no
+``tf.train.Server`` (:attr:`epl.cluster.Cluster.distributed`). Before, every one-task
+job made a server for itself and ran each session through it (TF's master session and
+a gRPC worker in the same process). The first step got faster; a corpus run under load
+(``benchmarks/startup.py --baseline``) showed some steady steps slower. This measures
+the steady step of the same EPL graph both ways, paired (``paired.py``: both processes
+alive, single steps alternated A B B A ...): the ``local`` process is what EPL does
+today; the ``server`` process builds the same graph with the same EPL code, then starts
+a ``tf.train.Server`` for the one task (job ``localhost``, so the graph's device names
+are unchanged; EPL's server hook gives it the session config a one-task job gets) and
+opens its session on the server's target. Only the session kind differs.
+
+Rows: the shapes of ``benchmarks/shapes.py`` under ``pipe4`` / ``pipe4u`` (2 stages, 4
+micro-batches, stage functions / unrolled copies), ``dp2`` / ``dp2u`` (2 local replicas,
+the repeated step lowered both ways) and ``ga4`` (4 accumulated runs per step).
+
+    .venv/bin/python benchmarks/session_kind.py [--shapes resnet,moe] [--modes pipe4,...]
+        [--pairs 12] [--merge]
+
+Writes benchmarks/results/session_kind.{json,md}.
+"""
+import argparse
+import functools
+import os
+import socket
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import common  # noqa: E402
+import paired  # noqa: E402
+import shapes as corpus  # noqa: E402
+
+KINDS = ("local", "server")
+MODES = ("pipe4", "pipe4u", "dp2", "dp2u", "ga4")
+CORPUS_MODES = {"pipe4": ("pipe", "stage_functions"), "pipe4u": ("pipe", "unrolled"),
+                "dp2": ("dp", "stage_functions"), "dp2u": ("dp", "unrolled"),
+                "ga4": ("ga", None)}
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+def child(args):
+    """Build one mode of one shape; open its session locally or on a one-task server."""
+    import tensorflow.compat.v1 as tf
+    import shapes
+    mode, lowering = CORPUS_MODES[args.mode]
+    built = shapes.train_op(tf, args.shape, mode, lowering)
+    config = tf.ConfigProto(device_count={"CPU": built.devices})
+    master = ""
+    if args.kind == "server":
+        spec = tf.train.ClusterSpec({"localhost": ["localhost:%d" % _free_port()]})
+        server = tf.train.Server(spec, job_name="localhost", task_index=0, config=config)
+        master = server.target
+    start = time.time()
+    with tf.train.MonitoredTrainingSession(master=master, config=config) as sess:
+        sess.run(built.train)
+        paired.serve_steps(sess, built.train, args.warmup, time.time() - start,
+                           built.runs_per_step)
+
+
+def measure(args, shape, mode):
+    """One process per session kind, stepped in turn."""
+    env = dict(os.environ, PYTHONPATH=common.REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    load = common.load_average()
+    starts = []
+    for kind in KINDS:
+        argv = [sys.executable, os.path.abspath(__file__), "--child", "--shape", shape,
+                "--mode", mode, "--kind", kind, "--warmup", str(args.warmup)]
+        starts.append((kind, functools.partial(paired.StepServer, argv, env,
+                                               "%s %s (%s)" % (shape, mode, kind))))
+    steps, _, servers = paired.run_pair(starts, args.pairs)
+    return dict(steps=steps, load_before=load, load_after=common.load_average(),
+                cpu=dict((k, s.cpu) for k, s in servers),
+                max_rss_mb=dict((k, s.max_rss_mb) for k, s in servers))
+
+
+def summary(result):
+    """Median step per kind; median and quartiles of local / server over adjacent pairs."""
+    local, server = (result["steps"][k] for k in KINDS)
+    ratios = [a / b for a, b in zip(local, server)]
+    return dict(median=dict((k, statistics.median(s)) for k, s in result["steps"].items()),
+                ratio=statistics.median(ratios), quartiles=paired.quartiles(ratios),
+                count=len(ratios), cpu=paired.cpu_ratio(*[result["cpu"][k] for k in KINDS]),
+                cpu_median=dict((k, statistics.median(c)) for k, c in result["cpu"].items()))
+
+
+def percent(ratio):
+    return "%+.0f%%" % (round(100.0 * (ratio - 1)) or 0.0)  # never "-0%"
+
+
+def row(key, result):
+    s = summary(result)
+    shape, _, mode = key.partition("/")
+    load = lambda name: "%.1f" % result[name][0] if result.get(name) else "?"
+    return [shape, mode, "%.3f" % s["median"]["local"], "%.3f" % s["median"]["server"],
+            "%s (%s to %s)" % (percent(s["ratio"]), percent(s["quartiles"][0]),
+                               percent(s["quartiles"][1])),
+            "%.2f / %.2f" % (s["cpu_median"]["local"], s["cpu_median"]["server"]),
+            "%s (%s to %s)" % (percent(s["cpu"][0]), percent(s["cpu"][1][0]),
+                               percent(s["cpu"][1][1])),
+            s["count"], "%s / %s" % (load("load_before"), load("load_after")),
+            result.get("run", 0) + 1]
+
+
+def row_order(key):
+    shape, _, mode = key.partition("/")
+    return list(corpus.SHAPES).index(shape), MODES.index(mode)
+
+
+def merged(out, results, runs):
+    """``results`` with the JSON's rows of keys not run this time, and their runs."""
+    old = common.read_results(out, "session_kind")
+    if old is None:
+        return results, runs
+    kept = dict((key, r) for key, r in old["results"].items() if key not in results)
+    used = sorted(set(r["run"] for r in kept.values()))
+    renumber = dict((index, len(runs) + position) for position, index in enumerate(used))
+    for result in kept.values():
+        result["run"] = renumber[result["run"]]
+    results = dict(results, **kept)
+    return results, runs + [old["runs"][index] for index in used]
+
+
+def markdown(results, runs):
+    lines = ["# Steady step of a one-task job: local session (today) vs through a "
+             "one-task server (before 2026-11-28); same EPL graph, paired", ""]
+    lines += ["- Run %d: `%s`; %s; EPL git %s; %s, %s CPUs; %d warm-up steps per process" % (
+        index + 1, info["command"], info["date"], info["git_revision"], info["cpu_model"],
+        info["cpu_count"], info["warmup"]) for index, info in enumerate(runs)]
+    lines += [
+        "- Both processes alive, single steps alternated (A B B A ...); local vs server = "
+        "local step / the server step next to it (median, interquartile range); CPU s = "
+        "the process's CPU seconds per step (all threads), medians; the machine is shared "
+        "(1-min load before / after each row): read the paired ratios, not the seconds", "",
+        common.markdown_table(
+            ["shape", "mode", "local s", "server s", "local vs server (IQR)",
+             "CPU s per step (local / server)", "CPU local vs server (IQR)",
+             "pairs of steps", "load before / after", "run"],
+            [row(key, results[key]) for key in sorted(results, key=row_order)])]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--kind", choices=KINDS, help=argparse.SUPPRESS)
+    parser.add_argument("--shape", default="resnet", help=argparse.SUPPRESS)
+    parser.add_argument("--shapes", type=common.csv_list(str), default=["resnet", "moe"])
+    parser.add_argument("--modes", type=common.csv_list(str, MODES), default=["pipe4"])
+    parser.add_argument("--pairs", type=common.positive_int, default=12)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the JSON's rows of shapes and modes not run this time")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = parser.parse_args(argv)
+    if args.child:
+        return child(args)
+    results = {}
+    for shape in args.shapes:
+        for mode in args.modes:
+            key = "%s/%s" % (shape, mode)
+            results[key] = dict(measure(args, shape, mode), run=0)
+            print(row(key, results[key]), flush=True)
+    runs = [dict(common.environment_info(sys.argv), pairs=args.pairs, warmup=args.warmup)]
+    if args.merge:
+        results, runs = merged(args.out, results, runs)
+    text = markdown(results, runs)
+    common.write_results(args.out, "session_kind", dict(results=results, runs=runs), text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
