@@ -144,27 +144,10 @@ def row_order(key):
     return list(corpus.SHAPES).index(shape), MODES.index(mode), key
 
 
-def merged(out, results, runs):
-    """``results`` with the JSON's rows of keys not run this time, and their runs."""
-    old = common.read_results(out, "session_kind")
-    if old is None:
-        return results, runs
-    kept = dict((key, r) for key, r in old["results"].items() if key not in results)
-    used = sorted(set(r["run"] for r in kept.values()))
-    renumber = dict((index, len(runs) + position) for position, index in enumerate(used))
-    for result in kept.values():
-        result["run"] = renumber[result["run"]]
-    results = dict(results, **kept)
-    return results, runs + [old["runs"][index] for index in used]
-
-
 def markdown(results, runs):
-    lines = ["# Steady step of a one-task job: local session (today) vs through a "
-             "one-task server (before 2026-11-28); same EPL graph, paired", ""]
-    lines += ["- Run %d: `%s`; %s; EPL git %s; %s, %s CPUs; %d warm-up steps per process" % (
-        index + 1, info["command"], info["date"], info["git_revision"], info["cpu_model"],
-        info["cpu_count"], info["warmup"]) for index, info in enumerate(runs)]
-    lines += [
+    title = ("# Steady step of a one-task job: local session (today) vs through a "
+             "one-task server (before 2026-11-28); same EPL graph, paired")
+    lines = [title, ""] + paired.run_lines(runs) + [
         "- Both processes alive, single steps alternated (A B B A ...); A vs B = "
         "A's step / B's step next to it (median, interquartile range); local = EPL's "
         "session today, server = through a one-task server, unpruned = local without "
@@ -205,7 +188,8 @@ def main(argv=None):
             print(row(key, results[key]), flush=True)
     runs = [dict(common.environment_info(sys.argv), pairs=args.pairs, warmup=args.warmup)]
     if args.merge:
-        results, runs = merged(args.out, results, runs)
+        old = common.read_results(args.out, "session_kind")
+        results, runs = paired.merge_rows(old, results, runs)
     text = markdown(results, runs)
     common.write_results(args.out, "session_kind", dict(results=results, runs=runs), text)
     print(text)
