@@ -1,7 +1,6 @@
 """benchmarks/session_kind.py: the per-pair ratio of two session kinds (local / server
 unless a row names another pair), in wall and CPU seconds, and how rows are keyed and
 merged (benchmarks/paired.py's merge_rows)."""
-import importlib.util
 import json
 import os
 import sys
@@ -9,17 +8,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(
-        name, os.path.join(ROOT, "benchmarks", name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-paired = _load("paired")
-report = _load("session_kind")
+import paired  # noqa: E402 (benchmarks/ is not a package)
+import session_kind as report  # noqa: E402
 
 
 def _result(kinds=None):
