@@ -111,27 +111,14 @@ def row_order(key):
 
 def merged(out, results, runs):
     """``results`` with the JSON's rows (in ``out``) of the keys not run this time, and
-    the runs they came from (a row's ``run`` indexes ``runs``)."""
-    old = common.read_results(out, "cpu_allocator")
-    if old is None:
-        return results, runs
-    old_runs = old.get("runs", [old["run"]])
-    kept = dict((key, r) for key, r in old["results"].items() if key not in results)
-    used = sorted(set(r.get("run", 0) for r in kept.values()))
-    renumber = dict((index, len(runs) + position) for position, index in enumerate(used))
-    for result in kept.values():
-        result["run"] = renumber[result.get("run", 0)]
-    merged_results = dict(results)
-    merged_results.update(kept)
-    return merged_results, runs + [old_runs[index] for index in used]
+    the runs they came from."""
+    return paired.merge_rows(common.read_results(out, "cpu_allocator"), results, runs)
 
 
 def markdown(results, runs):
     lines = ["# TensorFlow's CPU allocator: malloc (TF's default) vs BFC (shapes of "
              "benchmarks/shapes.py, 1 worker, virtual CPU devices)", ""]
-    lines += ["- Run %d: `%s`; %s; EPL git %s; %s, %s CPUs; %d warm-up steps per process" % (
-        index + 1, info["command"], info["date"], info["git_revision"], info["cpu_model"],
-        info["cpu_count"], info["warmup"]) for index, info in enumerate(runs)]
+    lines += paired.run_lines(runs)
     lines += [
         "- One process per allocator, alive at once, single steps alternated "
         "(A B B A ...); BFC vs malloc = BFC step / the malloc step next to it (median, "

@@ -163,3 +163,27 @@ def cpu_ratio(cpu_a, cpu_b):
     if not ratios:
         return None
     return statistics.median(ratios), quartiles(ratios)
+
+
+def run_lines(runs):
+    """The Markdown lines naming each run a table's rows come from."""
+    return ["- Run %d: `%s`; %s; EPL git %s; %s, %s CPUs; %d warm-up steps per process" % (
+        index + 1, info["command"], info["date"], info["git_revision"], info["cpu_model"],
+        info["cpu_count"], info["warmup"]) for index, info in enumerate(runs)]
+
+
+def merge_rows(old, results, runs):
+    """``results`` with the rows of ``old`` (a payload read back, or None) whose keys were
+    not run this time, and ``runs`` with the runs those rows came from (a row's ``run``
+    indexes the runs, renumbered here; payloads from before ``runs`` held one ``run``)."""
+    if old is None:
+        return results, runs
+    old_runs = old.get("runs", [old.get("run")])
+    kept = dict((key, r) for key, r in old["results"].items() if key not in results)
+    used = sorted(set(r.get("run", 0) for r in kept.values()))
+    renumber = dict((index, len(runs) + position) for position, index in enumerate(used))
+    for result in kept.values():
+        result["run"] = renumber[result.get("run", 0)]
+    merged = dict(results)
+    merged.update(kept)
+    return merged, runs + [old_runs[index] for index in used]
