@@ -74,11 +74,9 @@ class SnapshotRecord(object):
 
 
 class _SessionState(object):
-    def __init__(self):
+    def __init__(self, skipped):
         self.runs = 0
-        # input names whose state is not saved; None until known (a fresh job's first
-        # snapshot finds out by saving, see Snapshots._write)
-        self.skipped = None
+        self.skipped = skipped   # input names whose state is not saved
 
 
 def _value(run, session, tensor):
@@ -140,28 +138,14 @@ class Snapshots(object):
                 "your loop is in the data it feeds; after a resume it feeds what your loop "
                 "feeds next" % ", ".join(sorted(getattr(k, "name", str(k))
                                                 for k in feed_dict)[:3]))
-        state = _SessionState()
+        state = _SessionState(self._unsaveable_inputs(session, run, record))
         if not self._resumed:
             self._resumed = True
             self._resume(session, program, run, record, state)
-        if state.skipped is None:
-            state.skipped = self._unsaveable_inputs(session, run, record)
         return state
 
     def _unsaveable_inputs(self, session, run, record):
-        """Names of inputs whose state cannot be saved (warned) or that are not in use.
-
-        Every input's state is serialized in one run: each new set of fetches costs
-        TensorFlow a pruning, placement and executors of its own (about 0.25 s CPU on a
-        12k-op encoder), paid before the first step. Only when that run fails is each
-        input tried alone, to name the one that cannot be saved."""
-        if not record.inputs:
-            return set()
-        try:
-            run(session, [entry.state.op for entry in record.inputs])
-            return set()
-        except Exception:  # pylint: disable=broad-except
-            pass  # one of them cannot be saved: find which, below
+        """Names of inputs whose state cannot be saved (warned) or that are not in use."""
         skipped = set()
         for entry in record.inputs:
             try:
@@ -185,7 +169,6 @@ class Snapshots(object):
         step, manifests = store.choose(root)
         restored = None
         if step is not None:
-            state.skipped = self._unsaveable_inputs(session, run, record)
             restored = self._restore(session, run, record, state, step, manifests)
             LOG.warning("EPL: resuming from the snapshot of step %d in %s (the program "
                         "had set up step %d)", step, root, before)
@@ -237,18 +220,17 @@ class Snapshots(object):
         root = record.settings.directory
         step = _value(run, session, record.global_step)
         directory = store.begin_part(root, step, record.worker)
-        saved = None
-        if state.skipped is None:
-            # A fresh job's first snapshot: saving every input is the check that each
-            # can be saved (a separate check was one more TF run before the first step);
-            # only when the save fails is each input tried alone.
-            try:
-                saved = _save_parts(session, run, record, directory, ())
-                state.skipped = set()
-            except Exception:  # pylint: disable=broad-except
-                state.skipped = self._unsaveable_inputs(session, run, record)
-        inputs, prefixes = saved or _save_parts(session, run, record, directory,
-                                                state.skipped)
+        inputs, prefixes = {}, []
+        for index, entry in enumerate(record.inputs):
+            if entry.name in state.skipped:
+                continue
+            prefix = "data-%d-%d" % (record.worker, index)
+            _run_save(session, run, entry.saver, os.path.join(directory, prefix))
+            inputs[entry.name] = prefix
+            prefixes.append(prefix + ".")
+        if record.model_saver is not None:
+            _run_save(session, run, record.model_saver, os.path.join(directory, "model"))
+            prefixes.append("model.")
         files = [name for name in os.listdir(directory)
                  if name.startswith(tuple(prefixes)) and "tempstate" not in name]
         store.commit_part(root, step, record.worker, record.writers, files,
@@ -260,27 +242,9 @@ class Snapshots(object):
         LOG.info("EPL: snapshot of step %d written to %s in %.2f s", step, directory, seconds)
 
 
-def _save_parts(session, run, record, directory, skipped):
-    """Save this worker's part of a snapshot into ``directory``: every input not in
-    ``skipped`` and (a writer of the model) the model, all in one TF run (each saver
-    writes its own files; a run per saver was one more set of fetches for TF to prune,
-    place and build executors for). Returns ({input name: file prefix}, [prefixes of
-    the files written])."""
-    inputs, prefixes, saves = {}, [], []
-    for index, entry in enumerate(record.inputs):
-        if entry.name in skipped:
-            continue
-        prefix = "data-%d-%d" % (record.worker, index)
-        saves.append((entry.saver, os.path.join(directory, prefix)))
-        inputs[entry.name] = prefix
-        prefixes.append(prefix + ".")
-    if record.model_saver is not None:
-        saves.append((record.model_saver, os.path.join(directory, "model")))
-        prefixes.append("model.")
-    if saves:
-        run(session, [saver.saver_def.save_tensor_name for saver, _ in saves],
-            dict((saver.saver_def.filename_tensor_name, path) for saver, path in saves))
-    return inputs, prefixes
+def _run_save(session, run, saver, path):
+    definition = saver.saver_def
+    run(session, definition.save_tensor_name, {definition.filename_tensor_name: path})
 
 
 def _run_restore(session, run, saver, path):

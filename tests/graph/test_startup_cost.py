@@ -11,7 +11,6 @@ import tensorflow.compat.v1 as tf
 
 import epl
 from epl.cluster import Cluster
-from epl.session import snapshot_store
 from eplutil import dataset_input, make_data, mlp, initial_weights, train_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -62,47 +61,6 @@ def test_one_copy_runs_only_epl_set_up_before_its_first_step():
     program = _one_copy_accumulation_step()
     assert program.linked_init and program.sync_op is None and program.init_check is None
     assert program.setup_op is not None
-
-
-def _two_inputs(batch):
-    """Features and labels from two tf.data iterators (a snapshot saves each one's
-    position)."""
-    x, y = make_data(16)
-    features = tf.data.make_one_shot_iterator(
-        tf.data.Dataset.from_tensor_slices(x).batch(batch)).get_next()
-    labels = tf.data.make_one_shot_iterator(
-        tf.data.Dataset.from_tensor_slices(y).batch(batch)).get_next()
-    return features, labels
-
-
-def test_first_snapshot_runs_one_set_of_fetches_per_purpose(tmp_path, monkeypatch):
-    """A job with snapshots (``epl-launch`` turns them on) writes one of its starting
-    point at its first training run. Each TF run with a new set of fetches prunes,
-    places and builds executors of its own (about 0.25 s CPU each on a 12k-op encoder):
-    reading the global step and saving the snapshot are one each, not one per input
-    and one more for the model, and a fresh job's first snapshot is its check that
-    every input can be saved (a check of its own was one more run per input)."""
-    epl.init(epl.Config({"checkpoint.snapshot_steps": 100,
-                         "checkpoint.snapshot_dir": str(tmp_path)}),
-             cluster=Cluster(devices_per_worker=1))
-    epl.set_default_strategy(epl.replicate(1))
-    train = train_step(mlp(*_two_inputs(4), weights=initial_weights()))
-    fetch_sets = []
-    original = tf.Session._do_run
-
-    def _do_run(self, handle, targets, fetches, feeds, *rest):
-        fetch_sets.append(frozenset(getattr(t, "name", str(t)) for t in
-                                    list(targets) + list(fetches) + list(feeds)))
-        return original(self, handle, targets, fetches, feeds, *rest)
-    with tf.train.MonitoredTrainingSession() as sess:
-        monkeypatch.setattr(tf.Session, "_do_run", _do_run)
-        sess.run(train)
-        sess.run(train)
-    # the global step (read 3 times), the save of the snapshot (the model and 3
-    # iterators: the model's 2 and EPL's end-of-input one), the training run (twice)
-    assert len(fetch_sets) == 6 and len(set(fetch_sets)) == 3, fetch_sets
-    step, manifests = snapshot_store.choose(str(tmp_path))
-    assert step == 0 and len(manifests[0]["inputs"]) == 3, manifests
 
 
 def test_the_rewrite_builds_ops_past_create_ops_deprecation_check(monkeypatch):
