@@ -150,12 +150,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.child:
         return child(args)
-    results = {}
-    for shape in args.shapes:
-        for mode in args.modes:
-            key = result_key(shape, mode)
-            results[key] = dict(measure(args, shape, mode), run=0)
-            print(row(key, results[key]), flush=True)
+    results = paired.measure_rows(args.shapes, args.modes, result_key,
+                                  lambda shape, mode: measure(args, shape, mode), row)
     info = dict(common.environment_info(sys.argv), pairs=args.pairs, warmup=args.warmup)
     runs = [info]
     if args.merge:

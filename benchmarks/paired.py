@@ -165,6 +165,18 @@ def cpu_ratio(cpu_a, cpu_b):
     return statistics.median(ratios), quartiles(ratios)
 
 
+def measure_rows(shapes, modes, key_of, measure_one, row):
+    """One paired row per shape and mode, each printed as it is measured so a long run
+    shows its progress; rows belong to this run (``run`` 0 until merged)."""
+    results = {}
+    for shape in shapes:
+        for mode in modes:
+            key = key_of(shape, mode)
+            results[key] = dict(measure_one(shape, mode), run=0)
+            print(row(key, results[key]), flush=True)
+    return results
+
+
 def run_lines(runs):
     """The Markdown lines naming each run a table's rows come from."""
     return ["- Run %d: `%s`; %s; EPL git %s; %s, %s CPUs; %d warm-up steps per process" % (

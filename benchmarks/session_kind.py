@@ -180,12 +180,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.child:
         return child(args)
-    results = {}
-    for shape in args.shapes:
-        for mode in args.modes:
-            key = result_key(shape, mode, args.kinds)
-            results[key] = dict(measure(args, shape, mode), run=0)
-            print(row(key, results[key]), flush=True)
+    results = paired.measure_rows(
+        args.shapes, args.modes, lambda shape, mode: result_key(shape, mode, args.kinds),
+        lambda shape, mode: measure(args, shape, mode), row)
     runs = [dict(common.environment_info(sys.argv), pairs=args.pairs, warmup=args.warmup)]
     if args.merge:
         old = common.read_results(args.out, "session_kind")

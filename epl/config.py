@@ -28,7 +28,8 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 from epl.checks import is_integer
 
-__all__ = ["Config", "ConfigError", "Field", "Kind", "FIELDS", "SECTIONS", "markdown_table"]
+__all__ = ["Config", "ConfigError", "Field", "Kind", "FIELDS", "SECTIONS", "default_of",
+           "markdown_table"]
 
 
 class ConfigError(ValueError):
@@ -418,6 +419,12 @@ def _field_for(key):
         return _BY_KEY[key]
     except KeyError:
         raise ConfigError(_unknown_key_message(key)) from None
+
+
+def default_of(key):
+    """The default of ``key`` ("section.name"), for units that compare a value with it:
+    the table stays the one place a default is written."""
+    return _field_for(key).default
 
 
 # ---------------------------------------------------------------------------------- config

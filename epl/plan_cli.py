@@ -15,6 +15,7 @@ import sys
 
 from epl.cluster import Cluster
 from epl.config import Config
+from epl.parallel import plan_picture
 from epl.parallel.plan import PlanError, TaskGraphSpec, make_plan
 from epl.profiler import memory_estimate
 from epl.profiler.memory_estimate import MemoryEstimateError
@@ -66,7 +67,6 @@ def main(argv=None):
         print("worker %d builds %d copies: %s" % (worker, len(copies), ", ".join(
             "(replica %d, position %d)" % (c.replica, c.position) for c in copies) or "none"))
     if args.png:
-        from epl.parallel import plan_picture
         print("drew %s" % plan_picture.save_png([(args.taskgraphs, plan)], args.png))
     if args.memory:
         try:

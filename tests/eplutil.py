@@ -373,7 +373,7 @@ def run_workers(fn, workers, devices_per_worker, config=None, timeout=120):
             "ends: run it from a test marked @pytest.mark.servers, which runs in a process of "
             "its own (tests/isolation.py)" % workers)
     hosts = ["127.0.0.1:%d" % p for p in free_ports(workers)]
-    results, errors = [None] * workers, []
+    results, errors, ended = [None] * workers, [], _Ended(workers)
 
     def target(index):
         try:
@@ -382,12 +382,14 @@ def run_workers(fn, workers, devices_per_worker, config=None, timeout=120):
                 results[index] = fn(index)
         except Exception as err:  # reported to the test below
             errors.append((index, err, time.time()))
+        finally:
+            ended.add(index)
 
     threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(workers)]
     for thread in threads:
         thread.start()
     budget = wait_budget(timeout)
-    _join_workers(threads, errors, time.time() + budget)
+    _join_workers(threads, errors, time.time() + budget, ended)
     hung = [(i, t) for i, t in enumerate(threads) if t.is_alive()]
     if errors:
         index, err, _ = errors[0]
@@ -404,16 +406,35 @@ def run_workers(fn, workers, devices_per_worker, config=None, timeout=120):
 PEER_ERROR_GRACE = 2.0  # seconds the other workers get to end after one worker's error
 
 
-def _join_workers(threads, errors, deadline):
+class _Ended:
+    """Which worker threads have ended, with a condition the waiting test wakes on (a
+    thread's own end cannot be waited for on several threads at once)."""
+
+    def __init__(self, workers):
+        self.workers, self.indices = workers, set()
+        self.condition = threading.Condition()
+
+    def add(self, index):
+        with self.condition:
+            self.indices.add(index)
+            self.condition.notify_all()
+
+    def all(self):
+        return len(self.indices) == self.workers
+
+
+def _join_workers(threads, errors, deadline, ended):
     """Wait for every thread until ``deadline``, or ``PEER_ERROR_GRACE`` after the first
     worker error: its peers would otherwise wait for it in a collective until the
     deadline, and the test would report a hang instead of the error (a worker that
     fails alone, for instance in its graph rewrite, is reported at once)."""
-    while any(t.is_alive() for t in threads) and time.time() < deadline:
-        if errors:
-            deadline = min(deadline, errors[0][2] + PEER_ERROR_GRACE)
-        for thread in threads:
-            thread.join(min(0.1, max(0.0, deadline - time.time())))
+    with ended.condition:
+        while not ended.all() and time.time() < deadline:
+            if errors:
+                deadline = min(deadline, errors[0][2] + PEER_ERROR_GRACE)
+            ended.condition.wait(max(0.0, deadline - time.time()))
+    for index in sorted(ended.indices):
+        threads[index].join(5)  # it has ended its target; let the thread itself end
 
 
 def run_launcher(args, timeout=200):

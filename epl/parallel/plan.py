@@ -18,6 +18,7 @@ import collections
 import logging
 
 from epl.cluster import layout as _layout
+from epl.config import default_of
 from epl.parallel import mesh as _mesh
 from epl.strategies import schedule as _schedule
 
@@ -345,7 +346,7 @@ def _taskgraph_plan(index, spec, layout, cluster, worker_of):
                          _mesh.taskgraph_groups(spec.name, spec.kind, devices, worker_of))
 
 
-DEFAULT_STRATEGY = "PreferBackward"
+DEFAULT_STRATEGY = default_of("pipeline.strategy")
 
 
 def _no_pipeline_because(plan, stages):

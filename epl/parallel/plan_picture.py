@@ -14,6 +14,10 @@ and ``python -m epl.plan_cli ... --png PATH`` draws the plan it prints.
 """
 import sys
 
+from epl.cluster import Cluster
+from epl.config import Config
+from epl.parallel.plan import TaskGraphSpec, make_plan
+
 _COLOURS = ("#8ecae6", "#f4a261", "#90be6d", "#e9c46a", "#cdb4db", "#ffafcc")
 
 
@@ -98,9 +102,6 @@ def docs_panels():
     """The layouts docs/hybrid.md shows: ``replicate(2)`` + ``split(2)`` on 8 devices in
     the seeds' default placement and colocated, and a pipeline with stages two devices
     wide on 2 workers x 4 devices (data parallel over the workers)."""
-    from epl.cluster import Cluster
-    from epl.config import Config
-    from epl.parallel.plan import TaskGraphSpec, make_plan
     specs = [TaskGraphSpec("backbone", "replicate", 2), TaskGraphSpec("head", "split", 2)]
     hosts = ["worker0:2222", "worker1:2222"]
     return [
