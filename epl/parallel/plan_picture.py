@@ -26,10 +26,14 @@ def _what_runs(plan):
     runs = {}
     for tg in plan.taskgraphs:
         inner = "shard" if tg.kind == "split" else "slice"
+        per_device = plan.width // tg.device_count  # a narrow TaskGraph's positions
         for replica, devices in enumerate(tg.devices):
-            for position, device in enumerate(devices):
+            for index, device in enumerate(devices):
+                first = index * per_device
+                positions = ("%d" % first if per_device == 1
+                             else "%d-%d" % (first, first + per_device - 1))
                 runs.setdefault(device, []).append(
-                    (tg.index, "%s r%d %s %d" % (tg.name, replica, inner, position)))
+                    (tg.index, "%s r%d %s %s" % (tg.name, replica, inner, positions)))
     return runs
 
 
@@ -61,8 +65,8 @@ def draw_plan(axes, plan, title):
                                 pad=0.5) if len(lines) > 1 else None)
     if plan.stages:
         for replica in range(plan.num_replicas):
-            for position in range(plan.taskgraphs[0].device_count):
-                path = [tg.devices[replica][position] for tg in plan.taskgraphs]
+            for position in range(plan.width):
+                path = [plan.device_of(tg.index, replica, position) for tg in plan.taskgraphs]
                 for src, dst in zip(path, path[1:]):
                     axes.add_patch(FancyArrowPatch(
                         centres[src], centres[dst], arrowstyle="-|>", mutation_scale=10,

@@ -1,0 +1,96 @@
+"""TaskGraphs of different widths in one model replica (docs/hybrid.md).
+
+A replica is as many copies as its widest TaskGraph's device_count; a narrower
+``replicate(a)`` TaskGraph runs consecutive copies on each of its devices (its weights
+once per copy there, their gradients combined on the device before the all-reduce).
+Each layout trains like serial training on the global batch: every copy of every
+variable ends equal to the serial run's (the split stage's shards, concatenated).
+"""
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import epl
+from epl.cluster import Cluster
+from test_hybrid import TOL, _record
+from test_split import STEPS, _data, _dataset, _model, _serial, _train_copies
+
+# layout: ((backbone kind, width), (head kind, width), micro-batches, devices)
+LAYOUTS = {
+    "r1+s2_m2": (("replicate", 1), ("split", 2), 2, 3),
+    "r1+r2_m2": (("replicate", 1), ("replicate", 2), 2, 3),
+    "r2+r1_m2": (("replicate", 2), ("replicate", 1), 2, 3),
+    "r1+s2_m2_dp2": (("replicate", 1), ("split", 2), 2, 6),
+}
+ROWS = 2  # rows per copy and micro-batch
+
+
+def _scope(kind, width):
+    return epl.split(width) if kind == "split" else epl.replicate(width)
+
+
+def _shape(layout):
+    """(copies per replica, replicas, micro-batches, devices)."""
+    backbone, head, micro_batches, devices = LAYOUTS[layout]
+    width = max(backbone[1], head[1])
+    return width, devices // (backbone[1] + head[1]), micro_batches, devices
+
+
+def _train(layout, classes):
+    """The classifier under ``layout``: (curve, {name: values of every copy}, plan)."""
+    backbone, head, micro_batches, devices = LAYOUTS[layout]
+    width, replicas, _, _ = _shape(layout)
+    batch = ROWS * width * replicas * micro_batches  # the serial run's batch
+    x, y = _data(batch * STEPS, classes)
+    epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches}),
+             cluster=Cluster(devices_per_worker=devices))
+    loss, accuracy = _model(*_dataset(x, y, ROWS * width), classes, _scope(*backbone),
+                            _scope(*head), metrics=True)
+    epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
+    curve, values = _train_copies(loss, accuracy)
+    return curve, values, epl.Graph.get().parallel.plan
+
+
+def _worst(layout, classes, copies, ref):
+    """max |w - w_serial| over every copy of every variable."""
+    width, _, _, _ = _shape(layout)
+    worst = max(float(np.abs(c - ref["backbone/kernel"]).max())
+                for c in copies["backbone/kernel"])
+    step = width if LAYOUTS[layout][1][0] == "split" else 1
+    kernels, biases = copies["classifier/kernel"], copies["classifier/bias"]
+    for start in range(0, len(kernels), step):  # one replica's shards at a time
+        kernel = np.concatenate(kernels[start:start + step], axis=1)
+        bias = np.concatenate(biases[start:start + step], axis=0)
+        worst = max(worst, float(np.abs(kernel - ref["classifier/kernel"]).max()),
+                    float(np.abs(bias - ref["classifier/bias"]).max()))
+    return worst
+
+
+@pytest.mark.parametrize("layout,classes", [
+    ("r1+s2_m2", 1001), ("r1+r2_m2", 10), ("r2+r1_m2", 10), ("r1+s2_m2_dp2", 10)])
+def test_stages_of_different_widths_match_serial(layout, classes):
+    """replicate(1) -> split(2) (the issue's case, 1001 classes), replicate(1) ->
+    replicate(2), replicate(2) -> replicate(1), all pipelines of 2 micro-batches on 3
+    devices, and two replicas of replicate(1) -> split(2) on 6 devices."""
+    width, replicas, micro_batches, _ = _shape(layout)
+    ref_curve, ref = _serial(classes, ROWS * width * replicas * micro_batches)
+    curve, copies, plan = _train(layout, classes)
+    assert plan.pipeline and plan.num_replicas == replicas and not plan.aligned
+    assert len(copies["backbone/kernel"]) == width * replicas  # every copy holds weights
+    np.testing.assert_allclose([c[0] for c in curve], [c[0] for c in ref_curve], rtol=1e-5)
+    worst = _worst(layout, classes, copies, ref)
+    _record(worst)
+    assert worst < TOL
+
+
+def test_a_narrow_split_stage_is_refused_naming_the_widths():
+    """A split stage narrower than the replica would need two shards' copies on one
+    device: refused at graph rewrite time, naming the widths and what is allowed."""
+    x, y = _data(8, 10)
+    epl.init(epl.Config({"pipeline.num_micro_batch": 2}), cluster=Cluster(devices_per_worker=3))
+    loss, _ = _model(*_dataset(x, y, 4), 10, epl.replicate(2), epl.split(1))
+    train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
+    with pytest.raises(Exception, match=r"split\(1\) does not.*Allowed: replicate\(a\) "
+                                        r"stages with a dividing"):
+        with tf.Session() as sess:
+            sess.run(train)
