@@ -22,7 +22,6 @@ LAYOUTS = {
     "r1+s2_m2": (("replicate", 1), ("split", 2), 2, 3),
     "r1+r2_m2": (("replicate", 1), ("replicate", 2), 2, 3),
     "r2+r1_m2": (("replicate", 2), ("replicate", 1), 2, 3),
-    "r1+s2_m2_dp2": (("replicate", 1), ("split", 2), 2, 6),
 }
 ROWS = 2  # rows per copy and micro-batch
 
@@ -69,11 +68,12 @@ def _worst(layout, classes, copies, ref):
 
 
 @pytest.mark.parametrize("layout,classes", [
-    ("r1+s2_m2", 1001), ("r1+r2_m2", 10), ("r2+r1_m2", 10), ("r1+s2_m2_dp2", 10)])
+    ("r1+s2_m2", 1001), ("r1+r2_m2", 10), ("r2+r1_m2", 10)])
 def test_stages_of_different_widths_match_serial(layout, classes):
     """replicate(1) -> split(2) (the issue's case, 1001 classes), replicate(1) ->
     replicate(2), replicate(2) -> replicate(1), all pipelines of 2 micro-batches on 3
-    devices, and two replicas of replicate(1) -> split(2) on 6 devices."""
+    devices. (Data parallelism over replicas of replicate(1) -> split(2): on two workers,
+    tests/multiworker/test_hybrid_workers.py.)"""
     width, replicas, micro_batches, _ = _shape(layout)
     ref_curve, ref = _serial(classes, ROWS * width * replicas * micro_batches)
     curve, copies, plan = _train(layout, classes)
