@@ -104,8 +104,9 @@ def save_png(panels, path):
 
 def docs_panels():
     """The layouts docs/hybrid.md shows: ``replicate(2)`` + ``split(2)`` on 8 devices in
-    the seeds' default placement and colocated, and a pipeline with stages two devices
-    wide on 2 workers x 4 devices (data parallel over the workers)."""
+    the seeds' default placement and colocated, a pipeline with stages two devices
+    wide on 2 workers x 4 devices (data parallel over the workers), and a pipeline of
+    a ``replicate(1)`` stage and a ``split(2)`` stage on 2 workers x 3 devices."""
     specs = [TaskGraphSpec("backbone", "replicate", 2), TaskGraphSpec("head", "split", 2)]
     hosts = ["worker0:2222", "worker1:2222"]
     return [
@@ -117,6 +118,10 @@ def docs_panels():
         ("pipeline, stages 2 devices wide (pipeline.num_micro_batch=2), 2 workers x 4 "
          "devices: one replica per worker",
          make_plan(Config({"pipeline.num_micro_batch": 2}), Cluster(hosts, 0, 4), specs)),
+        ("stages of different widths: replicate(1) + split(2), pipeline, 2 workers x 3 "
+         "devices: the backbone runs both positions of its replica on one device",
+         make_plan(Config({"pipeline.num_micro_batch": 2}), Cluster(hosts, 0, 3),
+                   [TaskGraphSpec("backbone", "replicate", 1), specs[1]])),
     ]
 
 

@@ -239,13 +239,16 @@ def test_plan_picture_shows_what_runs_on_each_device(tmp_path):
     draws it."""
     from epl.parallel import plan_picture
     from epl.plan_cli import main
-    default, colocated, pipeline = [plan for _, plan in plan_picture.docs_panels()]
+    default, colocated, pipeline, widths = [plan for _, plan in plan_picture.docs_panels()]
     runs = plan_picture._what_runs(default)
     assert [text for _, text in runs[cpu(2)]] == ["head r0 shard 0"]
     assert [text for _, text in runs[cpu(5)]] == ["backbone r1 slice 1"]
     assert [text for _, text in plan_picture._what_runs(colocated)[cpu(3)]] == [
         "backbone r1 slice 1", "head r1 shard 1"]
     assert pipeline.pipeline and pipeline.num_replicas == 2
+    worker1 = "/job:worker/replica:0/task:1/device:CPU:0"
+    assert [text for _, text in plan_picture._what_runs(widths)[worker1]] == [
+        "backbone r1 slice 0-1"]  # a width-1 stage runs both positions of its replica
     path = str(tmp_path / "plan.png")
     assert main(["--devices", "4", "--taskgraphs", "replicate:2,split:2", "--png", path]) == 0
     with open(path, "rb") as handle:
