@@ -37,14 +37,16 @@ def _shape(layout):
     return width, devices // (backbone[1] + head[1]), micro_batches, devices
 
 
-def _train(layout, classes):
-    """The classifier under ``layout``: (curve, {name: values of every copy}, plan)."""
+def _train(layout, classes, config=None):
+    """The classifier under ``layout`` (and ``config``): (curve, {name: values of every
+    copy}, plan)."""
     backbone, head, micro_batches, devices = LAYOUTS[layout]
     width, replicas, _, _ = _shape(layout)
     batch = ROWS * width * replicas * micro_batches  # the serial run's batch
     x, y = _data(batch * STEPS, classes)
-    epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches}),
-             cluster=Cluster(devices_per_worker=devices))
+    settings = {"pipeline.num_micro_batch": micro_batches}
+    settings.update(config or {})
+    epl.init(epl.Config(settings), cluster=Cluster(devices_per_worker=devices))
     loss, accuracy = _model(*_dataset(x, y, ROWS * width), classes, _scope(*backbone),
                             _scope(*head), metrics=True)
     epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
@@ -67,16 +69,24 @@ def _worst(layout, classes, copies, ref):
     return worst
 
 
-@pytest.mark.parametrize("layout,classes", [
-    ("r1+s2_m2", 1001), ("r1+r2_m2", 10), ("r2+r1_m2", 10)])
-def test_stages_of_different_widths_match_serial(layout, classes):
-    """replicate(1) -> split(2) (the issue's case, 1001 classes), replicate(1) ->
-    replicate(2), replicate(2) -> replicate(1), all pipelines of 2 micro-batches on 3
-    devices. (Data parallelism over replicas of replicate(1) -> split(2): on two workers,
-    tests/multiworker/test_hybrid_workers.py.)"""
+# memory savers and schedules on a narrow stage, in one run: recomputed activations,
+# grouped updates and the ZeroBubble schedule (B and W apart)
+SAVERS = {"gradient_checkpoint.type": "auto", "optimizer.num_apply_group": 2,
+          "pipeline.strategy": "ZeroBubble"}
+
+
+@pytest.mark.parametrize("layout,classes,config", [
+    ("r1+s2_m2", 1001, None), ("r2+r1_m2", 10, None), ("r1+s2_m2", 10, SAVERS)],
+    ids=["r1+s2_m2-1001", "r2+r1_m2-10", "r1+s2_m2-10-savers"])
+def test_stages_of_different_widths_match_serial(layout, classes, config):
+    """replicate(1) -> split(2) (the issue's case, 1001 classes; with memory savers),
+    replicate(2) -> replicate(1), pipelines of 2 micro-batches on 3 devices
+    (replicate(1) -> replicate(2): the corpus test below; data parallelism over
+    replicas of replicate(1) -> split(2): on two workers,
+    tests/multiworker/test_hybrid_workers.py)."""
     width, replicas, micro_batches, _ = _shape(layout)
     ref_curve, ref = _serial(classes, ROWS * width * replicas * micro_batches)
-    curve, copies, plan = _train(layout, classes)
+    curve, copies, plan = _train(layout, classes, config)
     assert plan.pipeline and plan.num_replicas == replicas and not plan.aligned
     assert len(copies["backbone/kernel"]) == width * replicas  # every copy holds weights
     np.testing.assert_allclose([c[0] for c in curve], [c[0] for c in ref_curve], rtol=1e-5)
