@@ -123,16 +123,36 @@ def taskgraph_groups(name, kind, devices, worker_of):
     return tuple(groups)
 
 
+def device_at(row, position, width):
+    """The device of ``row`` (one replica's devices of a TaskGraph) that runs position
+    ``position`` of a replica ``width`` copies wide: a TaskGraph as wide as the replica
+    gives each position a device of its own; a narrower one (``width`` a multiple of
+    its own) runs ``width // len(row)`` consecutive positions on each of its devices."""
+    return row[position * len(row) // width]
+
+
 def spmd_copies(layout_devices, worker, worker_of):
-    """Copies of one worker when every TaskGraph of a replica has the same width: each
-    worker builds the (replica, position) pairs whose first TaskGraph's device it
-    owns; the copy runs position j of every TaskGraph (on the same devices when
-    they are colocated, on each TaskGraph's own devices otherwise)."""
-    first = layout_devices[0]
+    """Copies of one worker: each worker builds the (replica, position) pairs whose
+    first TaskGraph's device it owns; the copy runs position j of every TaskGraph (on
+    the same devices when they are colocated, on each TaskGraph's own devices
+    otherwise; a TaskGraph narrower than the replica on a device it shares with the
+    neighbouring positions, see :func:`device_at`)."""
+    width = max(len(tg[0]) for tg in layout_devices)
     copies = []
-    for replica, row in enumerate(first):
-        for position, device in enumerate(row):
-            if worker_of[device] == worker:
-                devices = tuple(tg[replica][position] for tg in layout_devices)
+    for replica in range(len(layout_devices[0])):
+        for position in range(width):
+            devices = tuple(device_at(tg[replica], position, width) for tg in layout_devices)
+            if worker_of[devices[0]] == worker:
                 copies.append(Copy(len(copies), replica, position, devices))
     return copies
+
+
+def sharing_copies(copies, taskgraph):
+    """[[local copy indices]] of ``copies`` that run ``taskgraph`` on one device, for
+    each device more than one copy shares (a TaskGraph narrower than its replica):
+    their collectives take one member per device (TF's collectives hang with two
+    members on one device), so they combine on the device first."""
+    by_device = collections.OrderedDict()
+    for index, copy in enumerate(copies):
+        by_device.setdefault(copy.devices[taskgraph], []).append(index)
+    return [members for members in by_device.values() if len(members) > 1]

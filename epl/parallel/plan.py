@@ -137,10 +137,22 @@ class Plan(collections.namedtuple("Plan", [
         pipelines side by side; colocated, it is the SPMD copies."""
         return len(set(tg.device_count for tg in self.taskgraphs)) == 1
 
+    @property
+    def width(self):
+        """Copies per model replica: the widest TaskGraph's device_count. A narrower
+        TaskGraph (a width dividing it) runs several consecutive positions on each of
+        its devices (:func:`epl.parallel.mesh.device_at`)."""
+        return max(tg.device_count for tg in self.taskgraphs)
+
+    def device_of(self, taskgraph, replica, position):
+        """The device of TaskGraph ``taskgraph`` in copy ``position`` of ``replica``."""
+        return _mesh.device_at(self.taskgraphs[taskgraph].devices[replica], position,
+                               self.width)
+
     def driver_of(self, replica, position=0):
         """Worker that builds copy ``position`` of replica ``replica`` (the owner of
         its first TaskGraph's device)."""
-        return self.worker_of[self.taskgraphs[0].devices[replica][position]]
+        return self.worker_of[self.device_of(0, replica, position)]
 
     def copies_of(self, worker):
         """The :class:`epl.parallel.mesh.Copy` records ``worker`` builds, in order:
@@ -194,6 +206,10 @@ def _describe(plan):
     for tg in plan.taskgraphs:
         lines.append("  taskgraph %d %r %s(device_count=%d): mesh %s"
                      % (tg.index, tg.name, tg.kind, tg.device_count, tg.mesh))
+        if tg.device_count < plan.width:
+            lines.append("    %d positions of a replica per device (weights once per "
+                         "position; their gradients combined on the device, then all-reduced)"
+                         % (plan.width // tg.device_count))
         for replica, devices in enumerate(tg.devices):
             lines.append("    replica %d: %s" % (replica, ", ".join(devices)))
         lines.append("    groups:")
@@ -208,8 +224,8 @@ def _describe_copies(plan):
     lines = ["  copies (position j of every TaskGraph; '->' sends activations forward "
              "and gradients back):"]
     for replica in range(plan.num_replicas):
-        for position in range(plan.taskgraphs[0].device_count):
-            devices = [tg.devices[replica][position] for tg in plan.taskgraphs]
+        for position in range(plan.width):
+            devices = [plan.device_of(tg.index, replica, position) for tg in plan.taskgraphs]
             path = " -> ".join("%s@%s" % (tg.name, _short(d))
                                for tg, d in zip(plan.taskgraphs, devices))
             lines.append("    replica %d position %d: %s" % (replica, position, path))
@@ -252,8 +268,15 @@ def make_plan(config, cluster, specs):
     plan = Plan(cluster.worker_num, cluster.gpu_num_per_worker, cluster.device_type,
                 len(layout), taskgraphs, config.pipeline.num_micro_batch,
                 config.pipeline.strategy, None, colocate, worker_of, hosts, None)
-    if not plan.aligned:
-        raise PlanError(unaligned_message(plan))
+    _check_widths(plan)
+    if not plan.aligned and config.zero.level:
+        raise PlanError(
+            "zero.level=%r is not supported with TaskGraphs of different device_count (%s) "
+            "in this EPL version: a narrower TaskGraph's copies share devices, and ZeRO "
+            "gives each device of the data-parallel group its own part of the optimizer "
+            "states; remove zero.level or give every TaskGraph the same device_count"
+            % (config.zero.level, ", ".join("%s: %s(%d)" % (tg.name, tg.kind, tg.device_count)
+                                            for tg in plan.taskgraphs)))
     _refuse_forward_first_split_stages(plan)
     if plan.pipeline:
         plan = plan._replace(schedule=_schedule_for(config, plan))
@@ -286,7 +309,7 @@ def choose_micro_batching(key):
 def _local_replicas(plan):
     """True when some worker builds two or more copies (data-parallel replicas, or
     the positions of stages k devices wide)."""
-    return plan.aligned and any(len(plan.copies_of(w)) > 1 for w in range(plan.worker_num))
+    return any(len(plan.copies_of(w)) > 1 for w in range(plan.worker_num))
 
 
 def _refuse_forward_first_split_stages(plan):
@@ -302,25 +325,51 @@ def _refuse_forward_first_split_stages(plan):
             "cluster.colocate_split_and_replicate=True" % ", ".join(wide))
 
 
-def unaligned_message(plan):
-    """Why TaskGraphs of different widths cannot share a replica, and what would work
-    on this job's devices.
+def _check_widths(plan):
+    """TaskGraphs of different widths share a replica when the narrower ones are
+    ``replicate`` TaskGraphs whose widths divide the widest: a replica is ``plan.width``
+    copies, and a narrow TaskGraph runs consecutive copies on each of its devices (its
+    weights once per copy there; those copies' gradients are combined on the device
+    before the all-reduce, which takes one member per device). Refused otherwise,
+    naming the widths and what is allowed."""
+    if plan.aligned:
+        return
+    width = plan.width
+    wrong = [tg for tg in plan.taskgraphs
+             if width % tg.device_count or (tg.kind == _mesh.SPLIT and tg.device_count < width)]
+    if wrong:  # (colocated TaskGraphs of different widths: refused by the layout)
+        raise PlanError(unaligned_message(plan, wrong))
+    for replica in range(plan.num_replicas):
+        for tg in plan.taskgraphs:
+            drivers = {}
+            for position in range(width):
+                device = plan.device_of(tg.index, replica, position)
+                drivers.setdefault(device, set()).add(plan.driver_of(replica, position))
+            split = [d for d, workers in drivers.items() if len(workers) > 1]
+            if split:
+                raise PlanError(
+                    "TaskGraph %r (%s(%d)) runs %d positions of replica %d on %s, but "
+                    "those positions are built by workers %s: the copies sharing a device "
+                    "must be built by one worker. Keep a replica on one worker "
+                    "(cluster.device_place_prefer_intra_node=True), put the narrower "
+                    "TaskGraph first, or give every TaskGraph the same device_count. %s"
+                    % (tg.name, tg.kind, tg.device_count, width // tg.device_count, replica,
+                       split[0], sorted(drivers[split[0]]), _equal_widths_that_fit(plan)))
 
-    A stage a devices wide feeding one b wide would need its activations re-divided
-    between the stages (and the gradients back); the rewrite builds a replica as copies
-    that run position j of every TaskGraph, and running the narrow stage's positions on
-    a shared device puts one device twice in a collective group, which TF's collectives
-    do not support (measured: two members on one device hang)."""
+
+def unaligned_message(plan, wrong):
+    """Why these TaskGraphs of different widths cannot share a replica, and what would
+    work on this job's devices."""
     widths = ", ".join("%s: %s(%d)" % (tg.name, tg.kind, tg.device_count)
                        for tg in plan.taskgraphs)
-    return ("the TaskGraphs of one model replica have different device_count (%s); this "
-            "EPL version builds a replica as k copies, copy j running position j of every "
-            "TaskGraph, so every TaskGraph needs the same device_count k (for example "
-            "replicate(device_count=k) and split(k)); a stage of one width feeding a stage "
-            "of another is not supported. Give them the same device_count "
-            "(cluster.colocate_split_and_replicate=True then places them on the same k "
-            "devices; without it each TaskGraph gets k devices of its own). %s"
-            % (widths, _equal_widths_that_fit(plan)))
+    narrow = ", ".join("%s(%d)" % (tg.kind, tg.device_count) for tg in wrong)
+    why = ("TaskGraphs of different widths need every width to divide the widest (%d) and "
+           "every epl.split TaskGraph to be the widest (a split layer's shards need a device "
+           "each); %s does not" % (plan.width, narrow))
+    return ("the TaskGraphs of one model replica have different device_count (%s): %s. "
+            "Allowed: replicate(a) stages with a dividing the widest TaskGraph's "
+            "device_count (e.g. replicate(1) then split(2) or replicate(2)), or the same "
+            "device_count k for every TaskGraph. %s" % (widths, why, _equal_widths_that_fit(plan)))
 
 
 def _equal_widths_that_fit(plan):

@@ -26,10 +26,14 @@ def _what_runs(plan):
     runs = {}
     for tg in plan.taskgraphs:
         inner = "shard" if tg.kind == "split" else "slice"
+        per_device = plan.width // tg.device_count  # a narrow TaskGraph's positions
         for replica, devices in enumerate(tg.devices):
-            for position, device in enumerate(devices):
+            for index, device in enumerate(devices):
+                first = index * per_device
+                positions = ("%d" % first if per_device == 1
+                             else "%d-%d" % (first, first + per_device - 1))
                 runs.setdefault(device, []).append(
-                    (tg.index, "%s r%d %s %d" % (tg.name, replica, inner, position)))
+                    (tg.index, "%s r%d %s %s" % (tg.name, replica, inner, positions)))
     return runs
 
 
@@ -61,8 +65,8 @@ def draw_plan(axes, plan, title):
                                 pad=0.5) if len(lines) > 1 else None)
     if plan.stages:
         for replica in range(plan.num_replicas):
-            for position in range(plan.taskgraphs[0].device_count):
-                path = [tg.devices[replica][position] for tg in plan.taskgraphs]
+            for position in range(plan.width):
+                path = [plan.device_of(tg.index, replica, position) for tg in plan.taskgraphs]
                 for src, dst in zip(path, path[1:]):
                     axes.add_patch(FancyArrowPatch(
                         centres[src], centres[dst], arrowstyle="-|>", mutation_scale=10,
@@ -100,8 +104,9 @@ def save_png(panels, path):
 
 def docs_panels():
     """The layouts docs/hybrid.md shows: ``replicate(2)`` + ``split(2)`` on 8 devices in
-    the seeds' default placement and colocated, and a pipeline with stages two devices
-    wide on 2 workers x 4 devices (data parallel over the workers)."""
+    the seeds' default placement and colocated, a pipeline with stages two devices
+    wide on 2 workers x 4 devices (data parallel over the workers), and a pipeline of
+    a ``replicate(1)`` stage and a ``split(2)`` stage on 2 workers x 3 devices."""
     specs = [TaskGraphSpec("backbone", "replicate", 2), TaskGraphSpec("head", "split", 2)]
     hosts = ["worker0:2222", "worker1:2222"]
     return [
@@ -113,6 +118,10 @@ def docs_panels():
         ("pipeline, stages 2 devices wide (pipeline.num_micro_batch=2), 2 workers x 4 "
          "devices: one replica per worker",
          make_plan(Config({"pipeline.num_micro_batch": 2}), Cluster(hosts, 0, 4), specs)),
+        ("stages of different widths: replicate(1) + split(2), pipeline, 2 workers x 3 "
+         "devices: the backbone runs both positions of its replica on one device",
+         make_plan(Config({"pipeline.num_micro_batch": 2}), Cluster(hosts, 0, 3),
+                   [TaskGraphSpec("backbone", "replicate", 1), specs[1]])),
     ]
 
 

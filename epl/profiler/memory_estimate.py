@@ -258,8 +258,10 @@ def _copy_estimate(share, plan, config, stage, rank):
 def estimate(profile, plan, config):
     """Per-device MemoryEstimate of ``profile`` trained under ``plan`` and ``config``.
 
-    Every copy of every TaskGraph adds its share to its device; with offload, the
-    weights, slots and optimizer update of a copy go to its worker's host CPU."""
+    Every copy of every TaskGraph adds its share to its device (a TaskGraph narrower
+    than its replica runs ``plan.width // device_count`` copies on each of its devices,
+    each with weights, slots and activations of its own); with offload, the weights,
+    slots and optimizer update of a copy go to its worker's host CPU."""
     if not plan.taskgraphs:
         raise MemoryEstimateError("the plan has no TaskGraphs")
     fields = DeviceEstimate._fields[1:]
@@ -277,7 +279,7 @@ def estimate(profile, plan, config):
         shards = tg.device_count if tg.kind == "split" else 1
         share = _taskgraph_share(profile, tg.index, shards)
         for replica, devices in enumerate(tg.devices):
-            for device in devices:
+            for device in [d for d in devices for _ in range(plan.width // tg.device_count)]:
                 compute, host = _copy_estimate(share, plan, config,
                                                stage_of.get(tg.index, 0), replica)
                 add(device, compute)

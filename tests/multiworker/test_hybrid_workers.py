@@ -20,9 +20,14 @@ WORKERS, DEVICES, WIDTH = 2, 4, 2
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("micro_batches,classes,head", [
-    (1, 10, "split"), (2, 1001, "split"), (2, 7, "replicate")])
-def test_default_placement_on_two_workers_matches_serial(micro_batches, classes, head):
+@pytest.mark.parametrize("micro_batches,classes,head,backbone", [
+    (1, 10, "split", WIDTH), (2, 1001, "split", WIDTH), (2, 7, "replicate", WIDTH),
+    (2, 10, "split", 1)])
+def test_default_placement_on_two_workers_matches_serial(micro_batches, classes, head,
+                                                         backbone):
+    """``backbone`` 1: a replicate(1) stage before the split(2) stage (different widths),
+    both of the replica's copies running the backbone on its one device (3 devices per
+    worker)."""
     per_worker = 2 * WIDTH * micro_batches   # rows per worker and step
     ref_curve, ref = _serial(classes, WORKERS * per_worker)
     x, y = _data(WORKERS * per_worker * STEPS, classes)
@@ -32,7 +37,7 @@ def test_default_placement_on_two_workers_matches_serial(micro_batches, classes,
         rows_y = worker_rows(y, STEPS, WORKERS, per_worker, index)
         scope = epl.split(WIDTH) if head == "split" else epl.replicate(WIDTH)
         loss, _ = _model(*_dataset(rows_x, rows_y, per_worker // micro_batches), classes,
-                         epl.replicate(WIDTH), scope)
+                         epl.replicate(backbone), scope)
         epl.add_to_collection(loss, epl.GraphKeys.GLOBAL_MEAN_OBJECTS)
         curve, values = _train_copies(loss)
         curve = [step[0] for step in curve]
@@ -41,7 +46,7 @@ def test_default_placement_on_two_workers_matches_serial(micro_batches, classes,
         return curve, values
 
     config = epl.Config({"pipeline.num_micro_batch": micro_batches})
-    results = run_workers(worker, WORKERS, DEVICES, config, timeout=240)
+    results = run_workers(worker, WORKERS, backbone + WIDTH, config, timeout=240)
     worst = 0.0
     step = WIDTH if head == "split" else 1
     for curve, values in results:

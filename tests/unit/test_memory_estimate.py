@@ -155,6 +155,17 @@ def test_split_taskgraph_divides_by_its_shards():
     assert [d.weights for d in estimate.devices.values()] == [2 * MB, 2 * MB]
 
 
+def test_a_narrow_stage_holds_a_copy_per_position_on_its_device():
+    """replicate(1) then replicate(2): the width-1 stage runs both copies of the replica
+    on its one device, so that device holds two sets of the stage's weights and slots."""
+    config = Config({"pipeline.num_micro_batch": 2})
+    specs = (("replicate", 1), ("replicate", 2))
+    devices = me.estimate(_profile(count=4, taskgraphs=2),
+                          _plan(config, devices=3, specs=specs), config).devices.values()
+    assert [d.weights for d in devices] == [4 * MB, 2 * MB, 2 * MB]
+    assert [d.slots for d in devices] == [8 * MB, 4 * MB, 4 * MB]
+
+
 def test_transformer_checkpointing_keeps_layer_outputs_and_one_layer():
     plain = me.transformer_profile(**SIZES)
     gc = me.transformer_profile(checkpoint=True, **SIZES)

@@ -158,30 +158,69 @@ def test_stages_two_devices_wide_in_a_pipeline_on_two_workers():
     assert plan.schedule is not None
 
 
-def test_taskgraphs_of_different_widths_are_refused_naming_what_works():
-    specs = [TaskGraphSpec("s0", "replicate", 1), TaskGraphSpec("s1", "split", 2)]
-    with pytest.raises(PlanError, match=r"s0: replicate\(1\), s1: split\(2\).*same "
-                                        r"device_count.*colocate_split_and_replicate"):
-        make_plan(Config({"pipeline.num_micro_batch": 2}), local(3), specs)
+@pytest.mark.parametrize("kinds,devices,copies", [
+    (("replicate", "split"), 3, [[(0, 1), (0, 2)]]),
+    (("replicate", "replicate"), 3, [[(0, 1), (0, 2)]]),
+    (("replicate", "split"), 6, [[(0, 1), (0, 2)], [(3, 4), (3, 5)]])])
+def test_a_width_one_stage_runs_both_positions_of_a_width_two_stage(kinds, devices, copies):
+    """replicate(1) then split(2) (the issue's case) or replicate(2): a replica is two
+    copies, both running the narrow stage on its one device; with 6 devices, two
+    replicas. The narrow stage's groups hold each device once."""
+    specs = [TaskGraphSpec("s0", kinds[0], 1), TaskGraphSpec("s1", kinds[1], 2)]
+    plan = make_plan(Config({"pipeline.num_micro_batch": 2}), local(devices), specs)
+    assert plan.width == 2 and not plan.aligned and plan.pipeline
+    assert [[(int(a[-1]), int(b[-1])) for a, b in (c.devices for c in plan.copies_of(0)
+                                                   if c.replica == r)]
+            for r in range(plan.num_replicas)] == copies
+    assert plan.taskgraphs[0].dp_group().size == len(copies)
+    text = str(plan)
+    assert "replica 0 position 1: s0@task:0/device:CPU:0 -> s1@task:0/device:CPU:2" in text
+    assert "2 positions of a replica per device" in text
 
 
-@pytest.mark.parametrize("widths,devices,fits", [
-    ((1, 2), 3, r"On this job's 3 devices: no k gives each of the 2 TaskGraphs devices of "
-                r"its own \(a replica needs 2 x k devices\); k in \[1, 3\] with "
-                r"cluster.colocate_split_and_replicate=True"),
-    ((2, 1), 3, r"On this job's 3 devices: no k gives"),
-    ((1, 2), 6, r"On this job's 6 devices: device_count k in \[1, 3\] with devices of their "
-                r"own, or k in \[1, 2, 3, 6\] with cluster.colocate_split_and_replicate")])
-def test_stages_of_widths_one_and_two_are_refused_naming_the_widths_that_fit(widths, devices,
-                                                                             fits):
-    """replicate(1) then split(2) (the issue's case), the reverse, and with room for data
-    parallelism: each refusal names both TaskGraphs' widths and the equal widths this
-    job holds in both placements."""
-    specs = [TaskGraphSpec("s0", "replicate", widths[0]),
-             TaskGraphSpec("s1", "split", widths[1])]
-    named = r"s0: replicate\(%d\), s1: split\(%d\).*" % widths
-    with pytest.raises(PlanError, match=named + "of another is not supported.*" + fits):
+def test_a_width_two_stage_feeds_a_width_one_stage():
+    plan = make_plan(Config({"pipeline.num_micro_batch": 2}), local(3),
+                     [TaskGraphSpec("s0", "replicate", 2), TaskGraphSpec("s1", "replicate", 1)])
+    assert [c.devices for c in plan.copies_of(0)] == [(cpu(0), cpu(2)), (cpu(1), cpu(2))]
+
+
+@pytest.mark.parametrize("specs,devices,why", [
+    ((("replicate", 2), ("split", 1)), 3, r"split\(1\) does not"),
+    ((("replicate", 2), ("replicate", 3)), 5, r"replicate\(2\) does not"),
+    ((("split", 2), ("split", 4)), 6, r"split\(2\) does not")])
+def test_widths_that_cannot_share_a_replica_are_refused_naming_what_works(specs, devices, why):
+    """A split stage narrower than the replica (two shards' copies on one device), or a
+    width that does not divide the widest: refused naming the widths, the rule and the
+    equal widths the job holds."""
+    specs = [TaskGraphSpec("s%d" % i, kind, width) for i, (kind, width) in enumerate(specs)]
+    named = ", ".join(r"s%d: %s\(%d\)" % (i, s.kind, s.device_count)
+                      for i, s in enumerate(specs))
+    with pytest.raises(PlanError, match=named + ".*" + why + r".*Allowed: replicate\(a\) "
+                       r"stages with a dividing.*On this job's %d devices" % devices):
         make_plan(Config({"pipeline.num_micro_batch": 2}), local(devices), specs)
+
+
+def test_a_narrow_stage_whose_positions_two_workers_build_is_refused():
+    """Column order puts replicate(2)'s devices on two workers: the two copies sharing
+    the replicate(1) stage's device would be built by different workers."""
+    config = Config({"pipeline.num_micro_batch": 2,
+                     "cluster.device_place_prefer_intra_node": False})
+    with pytest.raises(PlanError, match=r"TaskGraph 's1' \(replicate\(1\)\) runs 2 positions "
+                                        r"of replica 0 on .* built by workers \[0, 1\].*"
+                                        r"prefer_intra_node=True"):
+        make_plan(config, workers(2, 3), [TaskGraphSpec("s0", "replicate", 2),
+                                          TaskGraphSpec("s1", "replicate", 1)])
+
+
+def test_different_widths_are_refused_colocated_and_with_zero():
+    specs = [TaskGraphSpec("s0", "replicate", 1), TaskGraphSpec("s1", "replicate", 2)]
+    with pytest.raises(PlanError, match=r"colocate_split_and_replicate=True all TaskGraphs "
+                                        r"share one device group, so they need the same "
+                                        r"device_count; got TaskGraph 0 \(s0\): 1"):
+        make_plan(Config({"cluster.colocate_split_and_replicate": True}), local(4), specs)
+    with pytest.raises(PlanError, match=r"zero.level='v1' is not supported with TaskGraphs "
+                                        r"of different device_count \(s0: replicate\(1\)"):
+        make_plan(Config({"zero.level": "v1", "pipeline.num_micro_batch": 2}), local(3), specs)
 
 
 def test_a_layout_that_does_not_fit_names_the_colocate_key():
@@ -200,13 +239,16 @@ def test_plan_picture_shows_what_runs_on_each_device(tmp_path):
     draws it."""
     from epl.parallel import plan_picture
     from epl.plan_cli import main
-    default, colocated, pipeline = [plan for _, plan in plan_picture.docs_panels()]
+    default, colocated, pipeline, widths = [plan for _, plan in plan_picture.docs_panels()]
     runs = plan_picture._what_runs(default)
     assert [text for _, text in runs[cpu(2)]] == ["head r0 shard 0"]
     assert [text for _, text in runs[cpu(5)]] == ["backbone r1 slice 1"]
     assert [text for _, text in plan_picture._what_runs(colocated)[cpu(3)]] == [
         "backbone r1 slice 1", "head r1 shard 1"]
     assert pipeline.pipeline and pipeline.num_replicas == 2
+    worker1 = "/job:worker/replica:0/task:1/device:CPU:0"
+    assert [text for _, text in plan_picture._what_runs(widths)[worker1]] == [
+        "backbone r1 slice 0-1"]  # a width-1 stage runs both positions of its replica
     path = str(tmp_path / "plan.png")
     assert main(["--devices", "4", "--taskgraphs", "replicate:2,split:2", "--png", path]) == 0
     with open(path, "rb") as handle:

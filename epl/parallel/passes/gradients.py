@@ -31,6 +31,7 @@ from epl.ir.traverse import control_flow_interior
 from epl.ops.shards import shard_shape
 from epl.parallel import gradient_plan as gp
 from epl.parallel.context import GRADIENTS
+from epl.parallel.mesh import sharing_copies
 from epl.parallel.passes import LOWER, Pass
 from epl.parallel.repeat.step_ops import training_items as _training_items
 from epl.runtime import gradient_accumulation as ga
@@ -57,10 +58,13 @@ class GradientAggregation(Pass):
         if ctx.plan.gradient_accumulation:
             gate = ga.accumulation_gate(ctx.host, ctx.plan.num_micro_batch, ctx.epl_variables,
                                         ctx.per_run_writes)
-        for copy in range(len(ctx.copies)):
-            plan = copy_plan(ctx, items, copy)
-            ctx.program.gradient_plans.append(plan)
-            _lower(ctx, items, plan, copy, gate)
+        plans = [copy_plan(ctx, items, copy) for copy in range(len(ctx.copies))]
+        ctx.program.gradient_plans.extend(plans)
+        leaders = _leaders(ctx, items)
+        locals_ = [_local_results(ctx, items, plan, copy, gate)
+                   for copy, plan in enumerate(plans)]
+        for copy, plan in enumerate(plans):
+            _lower(ctx, items, plan, copy, locals_, leaders)
         if gate is not None:
             skip, _ = control_flow_interior(ctx.tf_graph)
             ga.gate_apply_ops(ctx.view, ga.release_token(ctx.host, gate), skip)
@@ -125,7 +129,8 @@ def copy_plan(ctx, items, copy):
                              steps, owner_of, bucket_of)
 
 
-def _lower(ctx, items, plan, copy, gate):
+def _local_results(ctx, items, plan, copy, gate):
+    """{variable name: (Local, device)}: steps 1 to 3 for every entry of ``copy``."""
     results = {}
     for entry in plan.entries:
         item = items[entry.name]
@@ -133,6 +138,65 @@ def _lower(ctx, items, plan, copy, gate):
         local = _divide(_accumulate(_local_sum(ctx, item, copy, device), item, entry, device,
                                     gate, ctx, copy), entry, device)
         results[entry.name] = (local, device)
+    return results
+
+
+def _leaders(ctx, items):
+    """{(copy, variable name): [the copies it combines with, itself first]} for the
+    variables of a TaskGraph narrower than its replica: the copies running it on one
+    device (:func:`epl.parallel.mesh.sharing_copies`)."""
+    leaders, taskgraphs = {}, {}
+    for name, item in items.items():
+        taskgraphs.setdefault(ctx.taskgraph_of(item.var.op), []).append(name)
+    for taskgraph, names in taskgraphs.items():
+        for members in sharing_copies(ctx.copies, taskgraph):
+            for copy in members:
+                for name in names:
+                    leaders[(copy, name)] = members
+    return leaders
+
+
+def _lower(ctx, items, plan, copy, locals_, leaders):
+    """Steps 4 and 5 for ``copy``. A copy that shares its device with others for a
+    variable (``leaders``) takes the first one's result; the first one reduces the
+    combination of theirs (one collective member per device)."""
+    results = locals_[copy]
+    entries = []
+    for entry in plan.entries:
+        members = leaders.get((copy, entry.name))
+        if members is None:
+            entries.append(entry)
+        elif members[0] == copy:
+            results[entry.name] = _combined(entry, [locals_[c][entry.name] for c in members])
+            entries.append(entry)
+        else:  # reduced by the first copy on this device (built before this one)
+            results[entry.name] = (results[entry.name][0]._replace(
+                value=locals_[members[0]][entry.name][0].value,
+                indices=locals_[members[0]][entry.name][0].indices), results[entry.name][1])
+    _reduce(ctx, items, plan._replace(entries=tuple(entries)), results)
+    for entry in plan.entries:
+        _rewire(ctx, items[entry.name], copy, results[entry.name][0])
+
+
+def _combined(entry, parts):
+    """(Local, device) of copies on one device combined like a collective would: their
+    sum, or for "mean" their mean (the collective then averages over the devices)."""
+    (first, device), scale = parts[0], (1.0 / len(parts) if entry.mean else 1.0)
+    if any(isinstance(local.value, tuple) or local.store is not None for local, _ in parts):
+        raise RuntimeError("EPL internal error: accumulated gradient of %s on copies "
+                           "sharing %s" % (entry.name, device))
+    with tf.device(device), tf.name_scope("EPL_SHARED_DEVICE"):
+        if first.indices is not None:
+            values = tf.concat([local.value for local, _ in parts], 0) * scale
+            return first._replace(value=values, indices=tf.concat(
+                [local.indices for local, _ in parts], 0)), device
+        total = tf_adapter.running_sum([local.value for local, _ in parts],
+                                       [[] for _ in parts])
+        return first._replace(value=total * scale if scale != 1.0 else total), device
+
+
+def _reduce(ctx, items, plan, results):
+    """Step 4 for the entries of ``plan``: ``results`` get the reduced values."""
     for entries in _by_group(plan).values():
         _reduce_dense(ctx, [e for e in entries if e.reduction == gp.ALL_REDUCE], results)
         _reduce_scatter(ctx, [e for e in entries if e.reduction == gp.REDUCE_SCATTER], results)
@@ -144,8 +208,6 @@ def _lower(ctx, items, plan, copy, gate):
         elif entry.reduction == gp.LOCAL and results[entry.name][0].indices is not None \
                 and entry.accumulate:
             results[entry.name] = (_released_rows(*results[entry.name]), results[entry.name][1])
-    for entry in plan.entries:
-        _rewire(ctx, items[entry.name], copy, results[entry.name][0])
 
 
 def _by_group(plan):

@@ -2,6 +2,7 @@
 from epl.communicators import as_rank1
 from epl.ir.collections import GraphKeys
 from epl.parallel.context import OUTPUTS
+from epl.parallel.mesh import sharing_copies
 from epl.parallel.passes import LOWER, Pass
 from epl.ir.roles import is_summary
 from epl.tf_adapter import tf
@@ -52,13 +53,31 @@ class MergedOutputs(Pass):
                     local.append(reduce_parts(parts, reduction))
             merged = local
             comm = ctx.communicator(ctx.plan.taskgraphs[taskgraph].all_group, OUTPUTS)
-            if scope == "global" and comm.group_size > 1:
-                merged = [self._collective(comm, value, ctx.device(taskgraph, copy), name,
-                                           reduction)
-                          for copy, value in enumerate(local)]
+            shared = sharing_copies(ctx.copies, taskgraph)
+            if scope == "global" and (comm.group_size > 1 or shared):
+                merged = self._global(ctx, comm, shared, local, (taskgraph, name), reduction)
             if merged[0] is not tensor:
                 ctx.program.fetches.add_merged(tensor.name, merged)
             self._rewire_summaries(ctx, tensor, local, reduction, scope)
+
+    def _global(self, ctx, comm, shared, local, where, reduction):
+        """Every copy's value merged over the job. Copies running the TaskGraph on one
+        device (``shared``: a TaskGraph narrower than its replica) merge there first, and
+        the first of them joins the collective for all (one member per device)."""
+        taskgraph, name = where
+        first_of = dict((copy, members[0]) for members in shared for copy in members)
+        merged = []
+        for copy, value in enumerate(local):
+            leader = first_of.get(copy, copy)
+            if leader != copy:
+                merged.append(merged[leader])
+                continue
+            members = [c for c, first in sorted(first_of.items()) if first == copy] or [copy]
+            with tf.device(ctx.device(taskgraph, copy)):
+                value = reduce_parts([local[c] for c in members], reduction)
+            merged.append(value if comm.group_size == 1 else self._collective(
+                comm, value, ctx.device(taskgraph, copy), name, reduction))
+        return merged
 
     @staticmethod
     def _collective(comm, value, device, name, reduction):
