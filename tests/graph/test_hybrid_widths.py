@@ -23,6 +23,7 @@ LAYOUTS = {
     "r1+s2_m2": (("replicate", 1), ("split", 2), 2, 3),
     "r1+r2_m2": (("replicate", 1), ("replicate", 2), 2, 3),
     "r2+r1_m2": (("replicate", 2), ("replicate", 1), 2, 3),
+    "r2+s2_m2": (("replicate", 2), ("split", 2), 2, 4),  # equal widths
 }
 ROWS = 2  # rows per copy and micro-batch
 
@@ -92,6 +93,22 @@ def test_stages_of_different_widths_match_serial(layout, classes, config):
     assert len(copies["backbone/kernel"]) == width * replicas  # every copy holds weights
     np.testing.assert_allclose([c[0] for c in curve], [c[0] for c in ref_curve], rtol=1e-5)
     worst = _worst(layout, classes, copies, ref)
+    _record(worst)
+    assert worst < TOL
+
+
+@pytest.mark.parametrize("layout", ["r2+s2_m2", "r1+s2_m2"])
+def test_prefer_forward_with_a_split_stage_matches_serial(layout):
+    """PreferForward (F0 F1 B0 B1) with a split stage 2 devices wide, equal and different
+    widths, 1001 classes: the split layer's collectives, chained per member in build
+    order (micro-batch 0's forward and backward, then micro-batch 1's), are re-ordered
+    to the schedule instead of closing a cycle with its barriers."""
+    width, replicas, micro_batches, _ = _shape(layout)
+    ref_curve, ref = _serial(1001, ROWS * width * replicas * micro_batches)
+    curve, copies, plan = _train(layout, 1001, {"pipeline.strategy": "PreferForward"})
+    assert plan.pipeline and plan.strategy == "PreferForward"
+    np.testing.assert_allclose([c[0] for c in curve], [c[0] for c in ref_curve], rtol=1e-5)
+    worst = _worst(layout, 1001, copies, ref)
     _record(worst)
     assert worst < TOL
 
