@@ -91,6 +91,7 @@ def test_stages_of_different_widths_match_serial(layout, classes, config):
     curve, copies, plan = _train(layout, classes, config)
     assert plan.pipeline and plan.num_replicas == replicas and not plan.aligned
     assert len(copies["backbone/kernel"]) == width * replicas  # every copy holds weights
+    _check_listing(layout, epl.Graph.get().parallel.gradient_plans)
     np.testing.assert_allclose([c[0] for c in curve], [c[0] for c in ref_curve], rtol=1e-5)
     worst = _worst(layout, classes, copies, ref)
     _record(worst)
@@ -111,6 +112,19 @@ def test_prefer_forward_with_a_split_stage_matches_serial(layout):
     worst = _worst(layout, 1001, copies, ref)
     _record(worst)
     assert worst < TOL
+
+
+def _check_listing(layout, plans):
+    """program.gradient_plans says what runs: of the copies sharing the narrow stage's
+    device, the first reduces (local or all-reduce), the others read its result."""
+    backbone, head, _, _ = LAYOUTS[layout]
+    narrow = "backbone/" if backbone[1] < head[1] else "classifier/"
+    for copy, plan in enumerate(plans):
+        for entry in plan.entries:
+            shared = entry.name.startswith(narrow) and copy % 2 == 1
+            assert (entry.reduction == "shared_device") == shared, (copy, str(entry))
+            if shared:
+                assert "reads copy %d's result" % (copy - 1) in str(entry)
 
 
 def test_a_narrow_split_stage_is_refused_naming_the_widths():
