@@ -16,7 +16,7 @@ from epl.cluster import Cluster
 from realmodels import CORPUS
 from test_hybrid import TOL, _record
 from eplutil import copy_values
-from test_split import STEPS, _data, _dataset, _model, _serial, _train_copies
+from test_split import STEPS, _data, _dataset, _model, _serial, _train_copies, saved_session
 
 # layout: ((backbone kind, width), (head kind, width), micro-batches, devices)
 LAYOUTS = {
@@ -211,14 +211,7 @@ def _ckpt_segment(layout, first, steps, save, restore=None):
     loss, _ = _model(*_dataset(x[rows], y[rows], CKPT_ROWS), CKPT_CLASSES,
                      _scope(*backbone), _scope(*head))
     train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
-    saver = tf.train.Saver()
-    with tf.Session() as sess:
-        sess.run(tf.global_variables_initializer())
-        if restore:
-            saver.restore(sess, restore)
-        for _ in range(steps):
-            sess.run(train)
-        saver.save(sess, save)
+    with saved_session(train, steps, save, restore) as sess:
         names = CKPT_NAMES + tuple(n + "/Momentum" for n in CKPT_NAMES)
         return dict((n, copy_values(sess, n)) for n in names)
 
@@ -257,10 +250,7 @@ def test_checkpoints_move_between_layouts_of_different_widths(tmp_path, first, s
         loss, _ = _model(*_dataset(x[2 * CKPT_ROWS * 2:], y[2 * CKPT_ROWS * 2:],
                                    2 * CKPT_ROWS), CKPT_CLASSES)
         train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
-        saver = tf.train.Saver()
-        with tf.Session() as sess:
-            saver.restore(sess, str(tmp_path / "two"))
-            sess.run(train)
+        with saved_session(train, 1, restore=str(tmp_path / "two")) as sess:
             for name in CKPT_NAMES:
                 worst = max(worst, float(np.abs(sess.run(name + ":0") - after[2][name]).max()))
     _record(worst)
