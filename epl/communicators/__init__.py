@@ -22,7 +22,7 @@ Example::
     comm = Communicator("grads/tg0", devices, KeyRegistry())
     reduced = comm.all_reduce(grad, devices[1], "dense/kernel", mean=True)
 """
-from epl.communicators import gather_v
+from epl.communicators import chains, gather_v
 from epl.communicators.keys import KeyRegistry, stable_key  # noqa: F401
 from epl.communicators.nccl import NcclBackend
 from epl.communicators.ring import RingBackend
@@ -77,6 +77,16 @@ class Communicator(object):
         """Ops to run once before the first step (backend connection setup)."""
         setup = getattr(self.backend, "setup_ops", None)
         return setup(self) if setup is not None else []
+
+    def reorder_chains(self, graph, rank):
+        """Make each member's chain of collectives (backends that order them with
+        control edges) follow ``rank(op)`` -> (owner, position) or None: the pipeline
+        schedule's order (:mod:`epl.communicators.chains`); later collectives chain
+        after the new last op."""
+        relink = getattr(self.backend, "relink", None)
+        for old, new in chains.reorder(graph, self.op_names, rank):
+            if relink is not None:
+                relink(old, new)
 
     def rank(self, device):
         """Position of ``device`` in this group's device order."""

@@ -132,6 +132,12 @@ class NcclBackend(object):
         last[chain] = result.op
         return result
 
+    def relink(self, old, new):
+        """``new`` replaces ``old`` as the last op of a chain (re-ordered to the schedule)."""
+        last = self._state()["last"]
+        for chain in [c for c, op in last.items() if op is old]:
+            last[chain] = new
+
     def _state(self):
         graph = tf.get_default_graph()
         if graph not in self._graphs:

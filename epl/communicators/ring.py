@@ -102,6 +102,11 @@ class RingBackend(TFCollectiveBackend):
             self._members.append(device)
         return result
 
+    def relink(self, old, new):
+        """``new`` replaces ``old`` as the last op of a chain (re-ordered to the schedule)."""
+        for device in [d for d, op in self._last.items() if op is old]:
+            self._last[device] = new
+
     def setup_ops(self, group):
         """Listen -> all-gather ports -> connect, for each member this graph uses."""
         ops, name = library.load(), self._ring_name(group)

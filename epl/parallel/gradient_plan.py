@@ -17,7 +17,10 @@ Reductions:
 * ``rows_all_reduce``: sparse gradients added into a dense buffer with per-row
   touch counts, both all-reduced, the touched rows released
   (``communication.sparse_reduction``, :func:`epl.buckets.sparse_reduction`);
-* ``local``: a group of one device, nothing to communicate.
+* ``local``: a group of one device, nothing to communicate;
+* ``shared_device`` (listed in ``program.gradient_plans`` only): a copy of a TaskGraph
+  narrower than its replica that shares its device with an earlier copy; it builds no
+  collective and reads that copy's result, which combined theirs first.
 
 * ``reduce_scatter``: ZeRO v1 and v2, buffers laid out by ``owner``
   (:func:`epl.buckets.owner_chunks`); each member receives only its own
@@ -31,8 +34,8 @@ from epl.buckets import (SPARSE_ALL_REDUCE, SPARSE_AUTO, SPARSE_GATHER, plan_buc
                          sparse_reduction)
 from epl.parallel.mesh import Group
 
-ALL_REDUCE, ALL_GATHER, ROWS_ALL_REDUCE, LOCAL, REDUCE_SCATTER = (
-    "all_reduce", "all_gather", "rows_all_reduce", "local", "reduce_scatter")
+ALL_REDUCE, ALL_GATHER, ROWS_ALL_REDUCE, LOCAL, REDUCE_SCATTER, SHARED_DEVICE = (
+    "all_reduce", "all_gather", "rows_all_reduce", "local", "reduce_scatter", "shared_device")
 
 GradientInfo = collections.namedtuple(
     "GradientInfo", ["name", "taskgraph", "sparse", "nbytes", "dtype", "order", "shape",
@@ -66,6 +69,8 @@ class Entry(collections.namedtuple("Entry", [
                                          divisor, mean, owner, why)
 
     def __str__(self):
+        if self.reduction == SHARED_DEVICE:
+            return "%s: %s (%s)" % (self.name, self.reduction, self.why)
         where = "bucket %d" % self.bucket if self.bucket is not None else "unfused"
         extras = []
         if self.accumulate:
@@ -101,6 +106,14 @@ class GradientPlan(collections.namedtuple("GradientPlan", ["entries"])):
 
     def __str__(self):
         return "\n".join(str(entry) for entry in self.entries)
+
+
+def shared_device_entry(entry, leader):
+    """What a copy that shares its device with copy ``leader`` does with ``entry``'s
+    gradient: no collective; it reads the leader's result."""
+    return entry._replace(reduction=SHARED_DEVICE, bucket=None, why=(
+        "no collective: reads copy %d's result, the gradients of the copies on this device "
+        "combined, then %s" % (leader, entry.reduction)))
 
 
 def describe_sparse(plans):

@@ -277,7 +277,6 @@ def make_plan(config, cluster, specs):
             "states; remove zero.level or give every TaskGraph the same device_count"
             % (config.zero.level, ", ".join("%s: %s(%d)" % (tg.name, tg.kind, tg.device_count)
                                             for tg in plan.taskgraphs)))
-    _refuse_forward_first_split_stages(plan)
     if plan.pipeline:
         plan = plan._replace(schedule=_schedule_for(config, plan))
     if plan.pipeline or _local_replicas(plan):
@@ -310,19 +309,6 @@ def _local_replicas(plan):
     """True when some worker builds two or more copies (data-parallel replicas, or
     the positions of stages k devices wide)."""
     return any(len(plan.copies_of(w)) > 1 for w in range(plan.worker_num))
-
-
-def _refuse_forward_first_split_stages(plan):
-    """PreferForward (all forwards first) with a split stage several devices wide builds a
-    graph with a cycle (measured: the split layers' per-copy collectives and the
-    schedule's barriers); refused naming both settings until it is lowered."""
-    wide = [tg.name for tg in plan.taskgraphs if tg.kind == _mesh.SPLIT and tg.device_count > 1]
-    if plan.pipeline and plan.strategy == "PreferForward" and wide:
-        raise PlanError(
-            "pipeline.strategy='PreferForward' is not supported with epl.split pipeline stages "
-            "several devices wide (%s) in this EPL version; use pipeline.strategy="
-            "'PreferBackward' (the default) or 'ZeroBubble', or set "
-            "cluster.colocate_split_and_replicate=True" % ", ".join(wide))
 
 
 def _check_widths(plan):

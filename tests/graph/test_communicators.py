@@ -102,3 +102,46 @@ def test_plan_buckets_invariants():
         assert [i for b in buckets for i in b] == list(range(n))
         assert len(buckets) <= max(splits, runs)
         assert all(len({dtypes[i] for i in b}) == 1 for b in buckets)
+
+
+def _chained(names, device="/device:CPU:0"):
+    """No-ops chained by control edges in ``names`` order (as a backend chains a
+    member's collectives), plus an outside control input on the second."""
+    with tf.device(device):
+        outside = tf.no_op(name="outside")
+        ops = []
+        for name in names:
+            with tf.control_dependencies(ops[-1:] + ([outside] if len(ops) == 1 else [])):
+                ops.append(tf.no_op(name=name))
+    return ops, outside
+
+
+def _run_order(ops):
+    """The chain's order read back from the control edges."""
+    members = set(ops)
+    preds = dict((op, [c for c in op.control_inputs if c in members]) for op in ops)
+    order = [op for op in ops if not preds[op]]
+    assert len(order) == 1, "one chain start"
+    while len(order) < len(ops):
+        order.append(next(op for op in ops if preds[op] == [order[-1]]))
+    return [op.name for op in order]
+
+
+def test_chains_follow_the_schedule_rank():
+    """Build order F0 B0 F1 B1 (and an unranked op after B0) re-linked to the rank's
+    F0 F1 B0 B1: unranked ops stay after their predecessor, other control inputs stay,
+    the old and new last ops are returned; ranks of two owners leave a chain alone."""
+    from epl.communicators import chains
+    rank_of = {"f0": 0, "b0": 2, "f1": 1, "b1": 3}
+    with tf.Graph().as_default() as graph:
+        ops, outside = _chained(["f0", "b0", "x", "f1", "b1"])
+        tails = chains.reorder(graph, [op.name for op in ops],
+                               lambda op: ("s", rank_of[op.name]) if op.name in rank_of
+                               else None)
+        assert _run_order(ops) == ["f0", "f1", "b0", "x", "b1"]
+        assert outside in ops[1].control_inputs
+        assert [(old.name, new.name) for old, new in tails] == [("b1", "b1")]
+        mixed, _ = _chained(["g0", "h1", "g1"], "/device:CPU:1")
+        owners = {"g0": ("a", 1), "h1": ("b", 0), "g1": ("a", 0)}
+        assert chains.reorder(graph, [op.name for op in mixed], owners.get) == []
+        assert _run_order(mixed) == ["g0", "h1", "g1"]

@@ -87,8 +87,6 @@ _REFUSED = {
                                 r"device_count > 1",
     ("offload", "replicate", True): r"offload.level=.v0. does not support TaskGraphs .*"
                                     r"device_count > 1",
-    ("prefer_forward", "split", True): r"pipeline.strategy=.PreferForward. is not supported "
-                                       r"with epl.split pipeline stages several devices wide",
 }
 
 

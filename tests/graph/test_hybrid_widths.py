@@ -15,13 +15,15 @@ import epl
 from epl.cluster import Cluster
 from realmodels import CORPUS
 from test_hybrid import TOL, _record
-from test_split import STEPS, _data, _dataset, _model, _serial, _train_copies
+from eplutil import copy_values
+from test_split import STEPS, _data, _dataset, _model, _serial, _train_copies, saved_session
 
 # layout: ((backbone kind, width), (head kind, width), micro-batches, devices)
 LAYOUTS = {
     "r1+s2_m2": (("replicate", 1), ("split", 2), 2, 3),
     "r1+r2_m2": (("replicate", 1), ("replicate", 2), 2, 3),
     "r2+r1_m2": (("replicate", 2), ("replicate", 1), 2, 3),
+    "r2+s2_m2": (("replicate", 2), ("split", 2), 2, 4),  # equal widths
 }
 ROWS = 2  # rows per copy and micro-batch
 
@@ -89,10 +91,40 @@ def test_stages_of_different_widths_match_serial(layout, classes, config):
     curve, copies, plan = _train(layout, classes, config)
     assert plan.pipeline and plan.num_replicas == replicas and not plan.aligned
     assert len(copies["backbone/kernel"]) == width * replicas  # every copy holds weights
+    _check_listing(layout, epl.Graph.get().parallel.gradient_plans)
     np.testing.assert_allclose([c[0] for c in curve], [c[0] for c in ref_curve], rtol=1e-5)
     worst = _worst(layout, classes, copies, ref)
     _record(worst)
     assert worst < TOL
+
+
+@pytest.mark.parametrize("layout", ["r2+s2_m2", "r1+s2_m2"])
+def test_prefer_forward_with_a_split_stage_matches_serial(layout):
+    """PreferForward (F0 F1 B0 B1) with a split stage 2 devices wide, equal and different
+    widths, 1001 classes: the split layer's collectives, chained per member in build
+    order (micro-batch 0's forward and backward, then micro-batch 1's), are re-ordered
+    to the schedule instead of closing a cycle with its barriers."""
+    width, replicas, micro_batches, _ = _shape(layout)
+    ref_curve, ref = _serial(1001, ROWS * width * replicas * micro_batches)
+    curve, copies, plan = _train(layout, 1001, {"pipeline.strategy": "PreferForward"})
+    assert plan.pipeline and plan.strategy == "PreferForward"
+    np.testing.assert_allclose([c[0] for c in curve], [c[0] for c in ref_curve], rtol=1e-5)
+    worst = _worst(layout, 1001, copies, ref)
+    _record(worst)
+    assert worst < TOL
+
+
+def _check_listing(layout, plans):
+    """program.gradient_plans says what runs: of the copies sharing the narrow stage's
+    device, the first reduces (local or all-reduce), the others read its result."""
+    backbone, head, _, _ = LAYOUTS[layout]
+    narrow = "backbone/" if backbone[1] < head[1] else "classifier/"
+    for copy, plan in enumerate(plans):
+        for entry in plan.entries:
+            shared = entry.name.startswith(narrow) and copy % 2 == 1
+            assert (entry.reduction == "shared_device") == shared, (copy, str(entry))
+            if shared:
+                assert "reads copy %d's result" % (copy - 1) in str(entry)
 
 
 def test_a_narrow_split_stage_is_refused_naming_the_widths():
@@ -137,3 +169,89 @@ def test_corpus_on_stages_of_different_widths_matches_serial(model_class, widths
     assert worst < TOL, "%s differs from serial training by %.3g" % (where, worst)
     assert set(reference) - {"global_step"} <= set(copies), "copies missing variables"
     np.testing.assert_allclose(curve, ref_curve, rtol=1e-5, atol=1e-6)
+
+
+# checkpoint layouts: (backbone scope, head scope, devices); each reads a micro-batch of
+# CKPT_ROWS rows, two micro-batches a step, so a step covers the serial run's batch
+CKPT_LAYOUTS = {
+    "r1->s2": (("replicate", 1), ("split", 2), 3),
+    "r2+s2": (("replicate", 2), ("split", 2), 4),
+}
+CKPT_ROWS, CKPT_CLASSES, CKPT_STEPS = 4, 11, 3
+CKPT_NAMES = ("backbone/kernel", "backbone/bias", "classifier/kernel", "classifier/bias")
+
+
+def _ckpt_serial(steps):
+    """Serial training on batches of 2 x CKPT_ROWS rows: {name: value} after each step
+    (momentum slots too), and the names a plain Saver writes."""
+    x, y = _data(2 * CKPT_ROWS * CKPT_STEPS, CKPT_CLASSES)
+    names = CKPT_NAMES + tuple(n + "/Momentum" for n in CKPT_NAMES)
+    with epl.paused(), tf.Graph().as_default():
+        loss, _ = _model(*_dataset(x, y, 2 * CKPT_ROWS), CKPT_CLASSES)
+        train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
+        saved = sorted(v.op.name for v in tf.global_variables())
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            after = []
+            for _ in range(steps):
+                sess.run(train)
+                after.append(dict(zip(names, sess.run([n + ":0" for n in names]))))
+    return after, saved
+
+
+def _ckpt_segment(layout, first, steps, save, restore=None):
+    """Under ``layout``: restore ``restore`` (if given), train ``steps`` steps on the
+    serial run's batches from step ``first`` on, save to ``save``; returns {name: values
+    of every copy} (momentum slots too)."""
+    backbone, head, devices = CKPT_LAYOUTS[layout]
+    x, y = _data(2 * CKPT_ROWS * CKPT_STEPS, CKPT_CLASSES)  # serial training's rows
+    rows = slice(2 * CKPT_ROWS * first, None)
+    epl.init(epl.Config({"pipeline.num_micro_batch": 2}),
+             cluster=Cluster(devices_per_worker=devices))
+    loss, _ = _model(*_dataset(x[rows], y[rows], CKPT_ROWS), CKPT_CLASSES,
+                     _scope(*backbone), _scope(*head))
+    train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
+    with saved_session(train, steps, save, restore) as sess:
+        names = CKPT_NAMES + tuple(n + "/Momentum" for n in CKPT_NAMES)
+        return dict((n, copy_values(sess, n)) for n in names)
+
+
+def _ckpt_worst(layout, copies, ref):
+    """max |w - w_serial| over every copy (the split head's shards concatenated)."""
+    worst = 0.0
+    for name, values in copies.items():
+        if name.startswith("classifier"):
+            axis = 1 if "kernel" in name else 0
+            values = [np.concatenate(values[:2], axis=axis)]  # the one replica's shards
+        worst = max([worst] + [float(np.abs(v - ref[name]).max()) for v in values])
+    return worst
+
+
+@pytest.mark.parametrize("first,second", [("r1->s2", "r2+s2"), ("r2+s2", "r1->s2")])
+def test_checkpoints_move_between_layouts_of_different_widths(tmp_path, first, second):
+    """A checkpoint saved by replicate(1) -> split(2) on 3 devices (the narrow stage's
+    weights once per copy) holds serial training's variables, once each, and restores into
+    serial training and into replicate(2) + split(2) on 4 devices; and the reverse, every
+    copy of the narrow stage restored. Each leg continues like serial training."""
+    after, serial_names = _ckpt_serial(CKPT_STEPS)
+    copies = _ckpt_segment(first, 0, 1, str(tmp_path / "one"))
+    worst = _ckpt_worst(first, copies, after[0])
+    reader = tf.train.load_checkpoint(str(tmp_path / "one"))
+    assert sorted(reader.get_variable_to_shape_map()) == serial_names
+    for name in CKPT_NAMES:
+        np.testing.assert_allclose(reader.get_tensor(name), after[0][name], atol=TOL)
+    copies = _ckpt_segment(second, 1, 1, str(tmp_path / "two"), restore=str(tmp_path / "one"))
+    worst = max(worst, _ckpt_worst(second, copies, after[1]))
+    if first == "r2+s2":
+        assert len(copies["backbone/kernel"]) == 2  # the narrow stage's two copies
+    # and serial training continues from the second layout's checkpoint
+    x, y = _data(2 * CKPT_ROWS * CKPT_STEPS, CKPT_CLASSES)
+    with epl.paused(), tf.Graph().as_default():
+        loss, _ = _model(*_dataset(x[2 * CKPT_ROWS * 2:], y[2 * CKPT_ROWS * 2:],
+                                   2 * CKPT_ROWS), CKPT_CLASSES)
+        train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
+        with saved_session(train, 1, restore=str(tmp_path / "two")) as sess:
+            for name in CKPT_NAMES:
+                worst = max(worst, float(np.abs(sess.run(name + ":0") - after[2][name]).max()))
+    _record(worst)
+    assert worst < TOL

@@ -4,6 +4,8 @@ The documentation's large-scale classification layout: ``epl.replicate(N)`` for 
 backbone and ``epl.split(N)`` for the classifier, colocated on the same N devices. Each
 device holds 1/N of the classifier (balanced shards; odd and prime class counts too).
 """
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -213,6 +215,22 @@ def test_unsupported_reader_of_sharded_logits_is_refused():
             sess.run(tf.global_variables_initializer())
 
 
+@contextlib.contextmanager
+def saved_session(train, steps, save=None, restore=None, sharded=False):
+    """A session that initialized the variables, restored ``restore`` (if given), ran
+    ``train`` ``steps`` times and saved to ``save`` (if given)."""
+    saver = tf.train.Saver(sharded=sharded)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        if restore:
+            saver.restore(sess, restore)
+        for _ in range(steps):
+            sess.run(train)
+        if save:
+            saver.save(sess, save)
+        yield sess
+
+
 def _train_and_save(classes, devices, path, restore=None, steps=1, sharded=False,
                     width=None, colocate=True):
     """Train ``steps`` (after restoring ``restore``) and save; returns the full classifier
@@ -231,14 +249,7 @@ def _train_and_save(classes, devices, path, restore=None, steps=1, sharded=False
     with (epl.paused() if not devices else _nothing()), graph.as_default():
         loss, _ = _model(*_dataset(x, y, batch), classes, *scopes)
         train = tf.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
-        saver = tf.train.Saver(sharded=sharded)
-        with tf.Session() as sess:
-            sess.run(tf.global_variables_initializer())
-            if restore:
-                saver.restore(sess, restore)
-            for _ in range(steps):
-                sess.run(train)
-            saver.save(sess, path)
+        with saved_session(train, steps, path, restore, sharded) as sess:
             if devices:
                 kernel = np.concatenate(copy_values(sess, "classifier/kernel")[:width], 1)
                 momentum = np.concatenate(

@@ -59,8 +59,8 @@ class GradientAggregation(Pass):
             gate = ga.accumulation_gate(ctx.host, ctx.plan.num_micro_batch, ctx.epl_variables,
                                         ctx.per_run_writes)
         plans = [copy_plan(ctx, items, copy) for copy in range(len(ctx.copies))]
-        ctx.program.gradient_plans.extend(plans)
         leaders = _leaders(ctx, items)
+        ctx.program.gradient_plans.extend(_listed(plans, leaders))
         locals_ = [_local_results(ctx, items, plan, copy, gate)
                    for copy, plan in enumerate(plans)]
         for copy, plan in enumerate(plans):
@@ -154,6 +154,21 @@ def _leaders(ctx, items):
                 for name in names:
                     leaders[(copy, name)] = members
     return leaders
+
+
+def _listed(plans, leaders):
+    """The plans as they run: an entry of a copy that takes another copy's result
+    (``leaders``) says so instead of listing a collective it does not build."""
+    listed = []
+    for copy, plan in enumerate(plans):
+        entries = []
+        for entry in plan.entries:
+            members = leaders.get((copy, entry.name))
+            if members is not None and members[0] != copy:
+                entry = gp.shared_device_entry(entry, members[0])
+            entries.append(entry)
+        listed.append(plan._replace(entries=tuple(entries)))
+    return listed
 
 
 def _lower(ctx, items, plan, copy, locals_, leaders):

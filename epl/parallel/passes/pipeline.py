@@ -8,9 +8,17 @@ consecutive actions a, b of a stage's schedule, a no-op barrier on the stage's
 device waits for every exit op of a, and every entrance op of b waits for the
 barrier. Schedules that split the backward (ZeroBubble) have B and W actions; the
 repetition finds the ops of each (:mod:`epl.parallel.repeat.backward_split`).
+
+The collectives a stage's actions run (a split layer's, built per copy and
+micro-batch) are chained per member in build order by backends that need one order
+on every member; those chains are re-ordered to the stage's schedule
+(:mod:`epl.communicators.chains`), or a schedule that runs a later micro-batch's
+forward before an earlier one's backward (PreferForward) would close a cycle.
 """
 from epl import tf_adapter
+from epl.ir.phase import Phase
 from epl.parallel.passes import LOWER, Pass
+from epl.parallel.repeat.backward_split import kind_of
 from epl.strategies.schedule import validate
 from epl.tf_adapter import tf
 
@@ -20,8 +28,8 @@ class ScheduleLowering(Pass):
 
     name = "schedule_lowering"
     phase = LOWER
-    reads = ("view", "plan", "copies", "repetition")
-    writes = ("graph", "program.schedule", "program.boundaries")
+    reads = ("view", "plan", "copies", "repetition", "communicators")
+    writes = ("graph", "program.schedule", "program.boundaries", "communicators")
 
     def applies(self, ctx):
         return ctx.plan.pipeline
@@ -42,10 +50,33 @@ class ScheduleLowering(Pass):
                            if _key(a) in entrances or _key(a) in exits]
                 for before, after in zip(actions, actions[1:]):
                     _order(ctx, copy, before, after, entrances, exits)
+        rank = _action_rank(ctx, schedule)
+        for communicator in ctx.communicators.all():
+            communicator.reorder_chains(ctx.tf_graph, rank)
 
 
 def _key(action):
     return (action.stage, action.kind, action.micro_batch)
+
+
+def _action_rank(ctx, schedule):
+    """``rank(op)``: ((stage, copy), position of the op's action in its stage's
+    schedule) for the forward and backward ops of a stage, else None."""
+    stages = list(ctx.plan.stages)
+    positions = dict((_key(action), index) for stage in range(len(stages))
+                     for index, action in enumerate(schedule.stage(stage)))
+    weights = ctx.repetition.weight_parts(ctx)
+    kinds = {Phase.FORWARD: "F", Phase.BACKWARD: "B"}
+
+    def rank(op):
+        info = ctx.view.info(op)
+        if info is None or info.taskgraph not in stages or info.phase not in kinds:
+            return None
+        stage = stages.index(info.taskgraph)
+        kind = kind_of(kinds[info.phase], info.origin or op.name, weights)
+        position = positions.get((stage, kind, info.micro_batch))
+        return None if position is None else ((stage, info.copy), position)
+    return rank
 
 
 def _order(ctx, copy, before, after, entrances, exits):
