@@ -163,7 +163,7 @@ class Snapshots(object):
     def _not_saved(self, entry, err):
         """Say why input ``entry`` is left out of snapshots (``err``: TF's error, which
         names what cannot be saved)."""
-        text = str(err).split("\n")[0]
+        text = error_reason(err)
         if "not been initialized" in text or "uninitialized" in text.lower():
             LOG.info("EPL: input %s is not initialized at the first step; its "
                      "position is not saved", entry.name)
@@ -285,6 +285,15 @@ class Snapshots(object):
             _run_save(session, run, record.model_saver, os.path.join(directory, "model"))
             prefixes.append("model.")
         return inputs, prefixes
+
+
+def error_reason(err):
+    """The first line of a TF error that says what went wrong: errors that come back from
+    another task of a distributed session start with a line "From /job:worker/...:" that
+    names only the task."""
+    lines = [line.strip() for line in str(err).split("\n") if line.strip()]
+    said = [line for line in lines if not (line.startswith("From /job:") and line.endswith(":"))]
+    return (said or lines or [""])[0]
 
 
 def _input_prefix(record, index):
