@@ -145,6 +145,12 @@ FIELDS = (
     _F("cluster", "rendezvous_timeout", Kind.POSITIVE_NUMBER, 300, extension=True,
        doc="EPL extension: seconds MPI and torchrun-style tasks wait for each other at the "
            "rendezvous where they exchange addresses, before failing with the missing ranks."),
+    _F("cluster", "place_pruned_graph", Kind.BOOL, True, extension=True,
+       doc="EPL extension: sessions of a one-task job (no server) place only the ops each "
+           "run needs (TF's GraphOptions.place_pruned_graph): a faster first step on EPL's "
+           "larger graphs, but TensorFlow 1.15 then runs no grappler on the main graph. "
+           "false leaves the user's ConfigProto as it is (TF's default places and optimizes "
+           "the whole graph at the first run); multi-task jobs never prune (docs/design.md)."),
     _F("communication", "num_communicators", Kind.INT, 2, minimum=1,
        doc="Number of communicators used concurrently for collective ops."),
     _F("communication", "sparse_as_dense", Kind.BOOL, False,

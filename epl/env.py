@@ -138,7 +138,8 @@ class Env(object):
     def get_config_proto(self, base=None):
         """The ConfigProto EPL gives sessions and servers of this worker."""
         from epl.cluster.session_config import session_config
-        return session_config(self.cluster, base)
+        return session_config(self.cluster, base,
+                              place_pruned=self.config.cluster.place_pruned_graph)
 
     def get_or_create_server(self, config=None):
         """This worker's ``tf.train.Server`` (multi-worker jobs), created once.
@@ -153,7 +154,10 @@ class Env(object):
             spec = tf.train.ClusterSpec(self.cluster.cluster_spec())
             server = tf.train.Server(spec, job_name="worker",
                                      task_index=self.cluster.worker_index,
-                                     config=session_config(self.cluster, config), start=True)
+                                     config=session_config(
+                                         self.cluster, config,
+                                         place_pruned=self.config.cluster.place_pruned_graph),
+                                     start=True)
             self.server = server
         return self.server
 

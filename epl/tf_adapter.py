@@ -40,7 +40,7 @@ from epl.tf_adapter_graph import (  # noqa: F401 (the adapter's face)
     FUNCTION_BODY_OPTIONS, add_control_inputs, colocation_root, constant_on,
     control_flow_context, control_outputs, drop_outside_colocation, function_names,
     get_default_graph, global_step_tensor, graph_is_nested, import_nodes, is_function_graph,
-    is_ref_dtype, list_input, merge, op_from_node, op_id, remove_control_inputs,
+    is_ref_dtype, list_input, merge, NodeOps, op_from_node, op_id, remove_control_inputs,
     replace_control_input, running_sum, set_attr, set_device, switch, undecorated_op_creation,
     unfinalized, update_input, with_unknown_rows)
 from epl.tf_adapter_state import (  # noqa: F401 (the adapter's face)

@@ -4,7 +4,8 @@ from epl.tf_adapter import tf
 COLLECTIVE_GROUP_LEADER = "/job:worker/replica:0/task:0"
 
 
-def session_config(cluster, base=None, device_filters=None, calls_functions=False):
+def session_config(cluster, base=None, device_filters=None, calls_functions=False,
+                   place_pruned=True):
     """Merge what EPL needs into ``base`` (a user ConfigProto or None).
 
     The same proto is given to ``tf.train.Server`` and to every session: TF
@@ -28,7 +29,10 @@ def session_config(cluster, base=None, device_filters=None, calls_functions=Fals
     so on a 12-layer encoder with 2 local replicas that is seconds before the
     first step (measured in ``benchmarks/rewrite_cost.py``). A distributed
     session cannot do it (TF's master turns it off with a warning), so servers
-    and their sessions keep TF's default.
+    and their sessions keep TF's default. With the pruned placement TF 1.15 runs
+    no grappler on the main graph (its layout, arithmetic and fusion rewrites), so
+    ``place_pruned`` False (``cluster.place_pruned_graph``) leaves the option as
+    the user's ConfigProto has it: proto3 cannot tell an explicit False from unset.
     """
     config = tf.ConfigProto()
     if base is not None:
@@ -41,7 +45,7 @@ def session_config(cluster, base=None, device_filters=None, calls_functions=Fals
         config.gpu_options.visible_device_list = cluster.run_visible_devices
     if cluster.distributed:
         config.experimental.collective_group_leader = COLLECTIVE_GROUP_LEADER
-    else:
+    elif place_pruned:
         config.graph_options.place_pruned_graph = True
     rewrites = config.graph_options.rewrite_options
     if calls_functions and rewrites.function_optimization == rewrites.DEFAULT:

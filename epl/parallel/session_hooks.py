@@ -117,7 +117,8 @@ def _wrap_session_init(original, provider):
         graph_ = graph if graph is not None else tf_adapter.get_default_graph()
         plan = _plan(graph_, env)
         config = session_config(env.cluster, config, _device_filters(_view(graph_), plan, env),
-                                calls_functions=plan is not None and plan.calls_functions)
+                                calls_functions=plan is not None and plan.calls_functions,
+                                place_pruned=env.config.cluster.place_pruned_graph)
         if env.cluster.distributed and not target:
             target = env.get_or_create_server(config).target
         original(self, target, graph, config)
@@ -284,7 +285,8 @@ def _wrap_server_init(original, provider):
     def __init__(self, server_or_cluster_def, job_name=None, task_index=None, protocol=None,
                  config=None, start=True):
         env = provider()
-        config = session_config(env.cluster, config)
+        config = session_config(env.cluster, config,
+                                place_pruned=env.config.cluster.place_pruned_graph)
         original(self, server_or_cluster_def, job_name, task_index, protocol, config, start)
         if env.server is None:
             env.server = self

@@ -23,6 +23,10 @@ PHASES = (MODEL, CLASSIFY, REPLICATE, LOWER)
 # loss must not wait for the gradient all-reduce (or drag it into a loss-only run).
 # INPUT: the end-of-input agreement of every step (epl.parallel.passes.end_of_input).
 GRADIENTS, OUTPUTS, SYNC, LAYERS, INPUT = "grads", "outputs", "sync", "layers", "input"
+# The name scope of the end-of-input agreement's own iterator (an empty dataset whose
+# pull raises OutOfRangeError): it holds no position, so snapshots leave it out
+# (epl.runtime.snapshot_state), and its first initialization is never in their runs.
+END_OF_INPUT_STOP = "EPL_END_OF_INPUT_STOP"
 
 
 class PassOrderError(ValueError):

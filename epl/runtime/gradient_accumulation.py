@@ -40,29 +40,28 @@ def accumulation_gate(host, steps, epl_variables, per_run_writes):
         return tf.equal(tf.floormod(count, steps), 0)
 
 
-def _buffer(shape, dtype, name, epl_variables):
-    acc = tf.Variable(tf.zeros(shape, dtype), trainable=False, collections=[], name=name)
+def _buffer(nodes, shape, dtype, name, epl_variables):
+    acc = tf.Variable(nodes.zeros(shape, dtype), trainable=False, collections=[], name=name)
     epl_variables.append(acc)
     return acc
 
 
-def _either(pred, kept, released):
+def _either(nodes, pred, kept, released):
     """One op that runs whichever of ``kept`` (alive on accumulation runs) and
     ``released`` (alive on release runs) is alive: the store every run executes."""
-    tokens = []
-    for ops in (kept, released):
-        with tf.control_dependencies(ops):
-            tokens.append(tf.identity(pred))
-    return tf_adapter.merge(tokens).op
+    return nodes.merge([nodes.identity(pred, ops) for ops in (kept, released)]).op
 
 
-def _released_then_reset(pred, buffers, totals):
+def _released_then_reset(nodes, buffers, totals):
     """On release runs: the ``totals`` (each a fresh tensor read from its buffer), then
     the ``buffers`` reset to zeros once the totals are made (the reads forward the
-    buffers' memory). Assigned zeros, not the sum times 0: an overflowed micro-batch
+    buffers' memory; the zeros too wait for the totals, so they are dead, not made, on
+    accumulation runs). Assigned zeros, not the sum times 0: an overflowed micro-batch
     (AMP) leaves inf in the sum, and inf * 0 is NaN, which would poison later steps."""
-    with tf.control_dependencies([t.op for t in totals]):
-        return [tf.assign(acc, tf.zeros_like(total)) for acc, total in zip(buffers, totals)]
+    made = [t.op for t in totals]
+    with tf.control_dependencies(made):
+        return [tf.assign(acc, nodes.zeros(total.shape, total.dtype, made))
+                for acc, total in zip(buffers, totals)]
 
 
 def accumulate_dense(var, local, device, pred, epl_variables, shape=None):
@@ -72,15 +71,18 @@ def accumulate_dense(var, local, device, pred, epl_variables, shape=None):
     Accumulation runs add ``local`` into the buffer in place (one pass over the
     gradient); release runs add it to the buffer's value into the released sum, then
     reset the buffer. The select and copy that used to store the sum every run took
-    about 40% of the CPU time of a gradient-accumulation step of BERT-base (issue 41)."""
+    about 40% of the CPU time of a gradient-accumulation step of BERT-base (issue 41).
+    The stateless ops are made from NodeDefs: through TF's op wrappers the accumulators
+    of a 12-layer encoder took 1.3 s of the rewrite (issue 41)."""
+    nodes = tf_adapter.NodeOps(device)
     with tf.device(device), tf.name_scope("EPL_GA"):
-        acc = _buffer(var.shape if shape is None else shape, local.dtype, "accumulator",
-                      epl_variables)
-        keep, release = tf_adapter.switch(local, pred)
+        acc = _buffer(nodes, var.shape if shape is None else shape, local.dtype,
+                      "accumulator", epl_variables)
+        keep, release = nodes.switch(local, pred)
         added = tf.assign_add(acc, keep)
-        total = tf_adapter.switch(acc.value(), pred)[1] + release
-        reset = _released_then_reset(pred, [acc], [total])
-        return Released(total, _either(pred, [added.op], [r.op for r in reset]))
+        total = nodes.add(nodes.switch(acc.value(), pred)[1], release)
+        reset = _released_then_reset(nodes, [acc], [total])
+        return Released(total, _either(nodes, pred, [added.op], [r.op for r in reset]))
 
 
 def accumulate_sparse(var, values, indices, device, pred, epl_variables):
@@ -97,20 +99,21 @@ def accumulate_sparse(var, values, indices, device, pred, epl_variables):
         raise ValueError("gradient accumulation of the sparse gradient of %s needs a fully "
                          "defined variable shape, got %s" % (var.op.name, shape))
     rows = shape.as_list()[0]
+    nodes = tf_adapter.NodeOps(device)
     with tf.device(device), tf.name_scope("EPL_GA"):
-        acc = _buffer(shape, values.dtype, "sparse_accumulator", epl_variables)
-        counts = _buffer([rows], values.dtype, "touched_rows", epl_variables)
+        acc = _buffer(nodes, shape, values.dtype, "sparse_accumulator", epl_variables)
+        counts = _buffer(nodes, [rows], values.dtype, "touched_rows", epl_variables)
         ones = tf.ones_like(indices, values.dtype)
-        keep_values, release_values = tf_adapter.switch(values, pred)
-        keep_indices, release_indices = tf_adapter.switch(indices, pred)
+        keep_values, release_values = nodes.switch(values, pred)
+        keep_indices, release_indices = nodes.switch(indices, pred)
         added = [tf.scatter_add(acc, keep_indices, keep_values),
-                 tf.scatter_add(counts, keep_indices, tf_adapter.switch(ones, pred)[0])]
+                 tf.scatter_add(counts, keep_indices, nodes.switch(ones, pred)[0])]
         dense, once = scatter_rows(release_values, release_indices, shape)
-        total = tf_adapter.switch(acc.value(), pred)[1] + dense
-        touched = tf_adapter.switch(counts.value(), pred)[1] + once
-        reset = _released_then_reset(pred, [acc, counts], [total, touched])
-        return SparseReleased(total, touched,
-                              _either(pred, [a.op for a in added], [r.op for r in reset]))
+        total = nodes.add(nodes.switch(acc.value(), pred)[1], dense)
+        touched = nodes.add(nodes.switch(counts.value(), pred)[1], once)
+        reset = _released_then_reset(nodes, [acc, counts], [total, touched])
+        return SparseReleased(total, touched, _either(nodes, pred, [a.op for a in added],
+                                                      [r.op for r in reset]))
 
 
 def release_token(host, pred):

@@ -27,7 +27,7 @@ import logging
 from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.ir.traverse import ancestor_ops
-from epl.protocols.passes import LOWER, Pass
+from epl.protocols.passes import END_OF_INPUT_STOP, LOWER, Pass
 from epl.session import roles
 from epl.session.resume import InputState, SnapshotRecord, SnapshotSettings
 from epl.tf_adapter import tf
@@ -112,10 +112,12 @@ class IteratorState(tf_adapter.SaveableObject):
 
 
 def _input_savers(tf_graph):
-    """[InputState] of the graph's tf.data iterators."""
+    """[InputState] of the graph's tf.data iterators, but the end-of-input agreement's
+    own (an empty dataset: no position to save; each input costs the first snapshot a
+    TF run, and that iterator is first initialized by the first training run)."""
     found = []
     for op in tf_graph.get_operations():
-        if op.type in ITERATOR_TYPES:
+        if op.type in ITERATOR_TYPES and "/%s/" % END_OF_INPUT_STOP not in "/" + op.name:
             saveable = IteratorState(op)
             saver = tf.train.Saver([saveable], max_to_keep=None,
                                    name="EPL_SNAPSHOT_input_%d" % len(found))

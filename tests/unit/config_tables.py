@@ -27,6 +27,7 @@ EXPECTED_DEFAULTS = {
     "cluster.source": "auto",
     "cluster.port_base": 20000,
     "cluster.rendezvous_timeout": 300,
+    "cluster.place_pruned_graph": True,
     "communication.num_communicators": 2,
     "communication.sparse_as_dense": False,
     "communication.sparse_reduction": "gather",
@@ -46,7 +47,7 @@ EXPECTED_DEFAULTS = {
 }
 KEYS = list(EXPECTED_DEFAULTS)
 EXTENSION_KEYS = ["pipeline.micro_batching", "pipeline.zero_bubble_memory", "cluster.source",
-                  "cluster.port_base", "cluster.rendezvous_timeout",
+                  "cluster.port_base", "cluster.rendezvous_timeout", "cluster.place_pruned_graph",
                   "communication.sparse_reduction", "communication.timeout",
                   "checkpoint.snapshot_steps",
                   "checkpoint.snapshot_dir", "checkpoint.snapshot_keep"]
@@ -82,6 +83,7 @@ OVERRIDES = {
     "cluster.source": "slurm",
     "cluster.port_base": 30000,
     "cluster.rendezvous_timeout": 60,
+    "cluster.place_pruned_graph": False,
     "communication.num_communicators": 1,
     "communication.sparse_as_dense": True,
     "communication.sparse_reduction": "auto",
@@ -125,6 +127,7 @@ ENV_OVERRIDES = {
     "cluster.source": ("EPL_CLUSTER_SOURCE", "Local", "local"),
     "cluster.port_base": ("EPL_CLUSTER_PORT_BASE", "41000", 41000),
     "cluster.rendezvous_timeout": ("EPL_CLUSTER_RENDEZVOUS_TIMEOUT", "12.5", 12.5),
+    "cluster.place_pruned_graph": ("EPL_CLUSTER_PLACE_PRUNED_GRAPH", "false", False),
     "communication.num_communicators": ("EPL_COMMUNICATION_NUM_COMMUNICATORS", "3", 3),
     "communication.sparse_as_dense": ("EPL_COMMUNICATION_SPARSE_AS_DENSE", "True", True),
     "communication.sparse_reduction": ("EPL_COMMUNICATION_SPARSE_REDUCTION", "All_Reduce",
@@ -167,6 +170,7 @@ BAD_TYPES = {
     "cluster.source": (["slurm"], "str"),
     "cluster.port_base": ("20000", "int"),
     "cluster.rendezvous_timeout": ("300", "int or float"),
+    "cluster.place_pruned_graph": ("true", "bool"),
     "communication.num_communicators": (True, "int"),
     "communication.sparse_as_dense": (0, "bool"),
     "communication.sparse_reduction": (True, "str"),

@@ -115,3 +115,17 @@ def test_check_writable_names_the_key_and_the_path(tmp_path):
 def test_no_directory_means_no_progress():
     assert store.newest_step(None) is None
     assert store.newest_step("/nonexistent/epl/snapshots") is None
+
+
+def test_an_input_left_out_of_snapshots_is_named_with_tfs_reason():
+    """Errors that come back from another task of a distributed session start with a line
+    naming only the task; the warning about an input that cannot be saved gave that line
+    ("FailedPreconditionError: From /job:worker/replica:0/task:1:") instead of TF's reason,
+    and an input that was only not yet initialized was warned about as unsaveable."""
+    from epl.session.resume import error_reason
+    remote = ValueError("From /job:worker/replica:0/task:1:\nSerializeIterator: stateful "
+                        "function RandomStandardNormal cannot be serialized\n\t [[node x]]")
+    assert error_reason(remote).startswith("SerializeIterator: stateful function")
+    assert error_reason(ValueError("GetNext() failed because the iterator has not been "
+                                   "initialized.\nmore")).endswith("not been initialized.")
+    assert error_reason(ValueError("")) == ""

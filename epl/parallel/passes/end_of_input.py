@@ -34,6 +34,7 @@ from epl import tf_adapter
 from epl.ir.phase import Phase
 from epl.parallel.context import INPUT
 from epl.parallel.passes import LOWER, Pass
+from epl.protocols.passes import END_OF_INPUT_STOP
 from epl.ir.roles import GET_NEXT_TYPES
 from epl.tf_adapter import tf
 
@@ -146,7 +147,8 @@ def _guard(ctx, flags):
             total = comm.all_reduce(tf.cast(agreed, tf.float32), ctx.host, "has_input",
                                     mean=False)
             agreed = tf.greater(total, group.size - 0.5, name="everyone")
-        stop = tf.data.make_one_shot_iterator(tf.data.Dataset.range(0))
+        with tf.name_scope(END_OF_INPUT_STOP):
+            stop = tf.data.make_one_shot_iterator(tf.data.Dataset.range(0))
         return tf.cond(agreed, lambda: tf.constant(0, tf.int64), stop.get_next,
                        name="check").op
 
