@@ -28,7 +28,8 @@ this module only gathers their names.
 """
 from epl.strategies.schedule.core import (  # noqa: F401
     BACKWARD, FORWARD, PREFER_BACKWARD, PREFER_FORWARD, WEIGHT, ZERO_BUBBLE, Action, Schedule,
-    ScheduleError, Timeline, bubble_fraction, dependencies, get_schedule, peak_in_flight,
-    prefer_backward, prefer_forward, simulate, to_grid, validate, zero_bubble)
+    ScheduleError, Timeline, bubble_fraction, dependencies, get_schedule, memory_units,
+    peak_in_flight, prefer_backward, prefer_forward, simulate, split_stages, to_grid, validate,
+    zero_bubble)
 from epl.strategies.schedule import timed  # noqa: F401
 from epl.strategies.schedule.picture import main, save_png  # noqa: F401

@@ -222,6 +222,24 @@ def _zero_bubble_row(s, num_stages, num_micro_batch, deferred):
 
 
 ZB_MEMORY = ("pipeline", "stage")
+# The per-stage bound of ``memory="stage"``: a stage's peak (memory_units) within this
+# factor of its own 1F1B peak.
+STAGE_MEMORY_BOUND = 1.1
+# What a micro-batch whose W waits holds beyond its activations, in units of its
+# activations: the gradients of the stage's layer outputs that B hands to W (as large as
+# the activations on stacks of dense layers, where W reads every activation B reads).
+SAVED_GRADIENTS = 1.0
+
+
+def _stage_deferral(warm_up):
+    """How many W actions a stage holding ``warm_up`` micro-batches under 1F1B may defer
+    and stay within STAGE_MEMORY_BOUND of that peak (memory_units' model): each deferred
+    W keeps one more micro-batch's activations and its saved output gradients, and a
+    split stage holds one more micro-batch's output gradients from B to W: with d
+    deferred, warm_up + d + (d + 1) * SAVED_GRADIENTS. Zero (every W right after its B,
+    which the lowering fuses) unless a stage holds 30 or more micro-batches."""
+    spare = (STAGE_MEMORY_BOUND - 1.0) * warm_up
+    return max(0, int((spare - SAVED_GRADIENTS) / (1.0 + SAVED_GRADIENTS) + 1e-9))
 
 
 def zero_bubble(num_stages, num_micro_batch, memory="pipeline"):
@@ -235,15 +253,19 @@ def zero_bubble(num_stages, num_micro_batch, memory="pipeline"):
     stage's saved inputs). ``memory="pipeline"`` (the paper's ZB-H1) keeps the
     pipeline's peak at 1F1B's (S micro-batches, on stage 0): stage s > 0 defers s W
     actions and so holds S micro-batches instead of 1F1B's S - s. ``memory="stage"``
-    keeps every stage at its own 1F1B peak: no W is deferred, and the schedule only
-    gains where a stage runs W while it would wait (S = 2, M = 4: 14 units)."""
+    keeps every stage within STAGE_MEMORY_BOUND of its own 1F1B peak (``memory_units``):
+    a stage s defers up to ZB-H1's s Ws only where that bound allows (a stage holding
+    30 micro-batches or more); elsewhere each W follows its B, the lowering runs them as one fused
+    backward (``split_stages``), and the step takes 1F1B's time."""
     _check_count("num_stages", num_stages)
     _check_count("num_micro_batch", num_micro_batch)
     if memory not in ZB_MEMORY:
         raise ScheduleError("ZeroBubble memory must be one of %s, got %r" % (ZB_MEMORY, memory))
     rows = []
     for s in range(num_stages):
-        deferred = s if memory == "pipeline" else 0
+        warm_up = min(num_stages - s, num_micro_batch)
+        # ZB-H1's s deferred Ws fill stage s's bubbles; deferring more only delays it
+        deferred = s if memory == "pipeline" else min(s, _stage_deferral(warm_up))
         rows.append(_zero_bubble_row(s, num_stages, num_micro_batch, deferred))
     return Schedule(ZERO_BUBBLE, num_stages, num_micro_batch, rows)
 
@@ -358,6 +380,42 @@ def peak_in_flight(schedule):
         for action in row:
             in_flight += 1 if action.kind == FORWARD else (-1 if action.kind == frees else 0)
             peak = max(peak, in_flight)
+        peaks.append(peak)
+    return tuple(peaks)
+
+
+def split_stages(schedule):
+    """The stages whose backward EPL runs as separate B and W parts: those where some W
+    does not directly follow its own B. Where every W does (same stage, same micro-batch,
+    nothing between), the stage's B and W are lowered as one fused backward, as
+    PreferBackward's: a split backward keeps the gradients of the layer outputs and the
+    activations W reads until B ends, where a fused one frees them layer by layer."""
+    found = set()
+    for s, row in enumerate(schedule.stages):
+        for before, action in zip((None,) + row, row):
+            if action.kind == WEIGHT and before != Action(s, BACKWARD, action.micro_batch):
+                found.add(s)
+    return frozenset(found)
+
+
+def memory_units(schedule, saved_gradients=SAVED_GRADIENTS):
+    """Per stage, the peak of a model of its activation memory, in units of one
+    micro-batch's activations: a micro-batch counts 1 from its F until its backward is
+    done (its W where the stage's backward is split), plus ``saved_gradients`` from its
+    B until its W on a split stage (the output gradients B hands to W). Stages that
+    ``split_stages`` leaves fused count as 1F1B's."""
+    split = split_stages(schedule)
+    peaks = []
+    for s, row in enumerate(schedule.stages):
+        held = peak = 0.0
+        for action in row:
+            if action.kind == FORWARD:
+                held += 1
+            elif s not in split:
+                held -= 1 if action.kind == BACKWARD else 0
+            else:
+                held += saved_gradients if action.kind == BACKWARD else -1 - saved_gradients
+            peak = max(peak, held)
         peaks.append(peak)
     return tuple(peaks)
 
