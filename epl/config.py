@@ -104,8 +104,10 @@ FIELDS = (
        extension=True,
        doc="EPL extension, for pipeline.strategy ZeroBubble: \"pipeline\" (ZB-H1) keeps "
            "the pipeline's peak activations at 1F1B's (stage 0's) while later stages defer "
-           "W and hold up to num_stages micro-batches; \"stage\" keeps every stage at its "
-           "own 1F1B peak and gives up part of the gain."),
+           "W and hold up to num_stages micro-batches; \"stage\" keeps every stage within "
+           "1.1x of its own 1F1B peak: a stage defers a W only where that bound allows (it "
+           "holds 30 or more micro-batches), elsewhere its B and W run fused as "
+           "PreferBackward's, with 1F1B's step time."),
     _F("gradient_checkpoint", "type", Kind.STR, "", choices=("", "collection", "auto"),
        doc='Gradient checkpointing: "" is off, "collection" uses the tensors in the tf '
            'collection "checkpoints", "auto" selects them automatically.'),

@@ -4,7 +4,7 @@
 backward is one unit like a forward; its grids and golden files stay as they are.
 Comparing a schedule that splits the backward (ZeroBubble) with one that does not
 needs costs: here a fused backward costs ``B + W`` (so does the B of a stage that the
-lowering runs unsplit, :func:`~epl.strategies.schedule.core.split_stages`, and its W
+lowering runs unsplit, :func:`~epl.strategies.schedule.memory.split_stages`, and its W
 nothing), and every action starts as soon as its stage is free and its dependencies
 have finished (the stage's order is the schedule's). Used by the schedule command
 line and the pipeline benchmark to report what each schedule should take beside what
@@ -18,8 +18,8 @@ Example::
 """
 import collections
 
-from epl.strategies.schedule.core import (
-    FORWARD, WEIGHT, ScheduleError, dependencies, split_stages)
+from epl.strategies.schedule.core import FORWARD, WEIGHT, ScheduleError, dependencies
+from epl.strategies.schedule.memory import split_stages
 
 
 class Costs(collections.namedtuple("Costs", "forward backward weight")):
