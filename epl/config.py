@@ -100,6 +100,11 @@ FIELDS = (
            "num_micro_batch; what a function cannot hold, such as TF1 control flow and "
            "split layers' collectives, stays ops of each repetition); \"unrolled\" copies "
            "the stage graph per repetition; \"auto\" is \"stage_functions\"."),
+    _F("pipeline", "num_virtual_stages", Kind.INT, 1, minimum=1, extension=True,
+       doc="EPL extension: model chunks per device (interleaved 1F1B: TaskGraph t on "
+           "device t mod stages). Only 1 is lowered; the schedule of larger values can be "
+           "printed and drawn (python -m epl.strategies.schedule --virtual-stages v), and "
+           "a plan with num_virtual_stages > 1 is refused."),
     _F("pipeline", "zero_bubble_memory", Kind.STR, "pipeline", choices=("pipeline", "stage"),
        extension=True,
        doc="EPL extension, for pipeline.strategy ZeroBubble: \"pipeline\" (ZB-H1) keeps "

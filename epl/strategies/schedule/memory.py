@@ -18,7 +18,8 @@ def split_stages(schedule):
     found = set()
     for s, row in enumerate(schedule.stages):
         for before, action in zip((None,) + row, row):
-            if action.kind == WEIGHT and before != Action(s, BACKWARD, action.micro_batch):
+            if action.kind == WEIGHT and before != Action(action.stage, BACKWARD,
+                                                          action.micro_batch):
                 found.add(s)
     return frozenset(found)
 

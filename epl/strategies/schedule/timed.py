@@ -46,6 +46,8 @@ def finish_times(schedule, costs=UNIT):
     starts once its stage is free and its dependencies finished. Raises ScheduleError
     when the schedule stalls (``validate`` says why)."""
     split = split_stages(schedule)  # the stages the lowering runs B and W apart
+    # an interleaved device's virtual stage is 1/v of the model slice 1F1B gives a stage
+    chunks = schedule.num_virtual_stages
     times, free = {}, [0] * schedule.num_stages
     position = [0] * schedule.num_stages
     remaining = sum(len(row) for row in schedule.stages)
@@ -54,11 +56,12 @@ def finish_times(schedule, costs=UNIT):
         for s, row in enumerate(schedule.stages):
             while position[s] < len(row):
                 action = row[position[s]]
-                deps = dependencies(action, schedule.num_stages)
+                deps = dependencies(action, schedule.model_stages)
                 if any(dep not in times for dep in deps):
                     break
                 start = max([free[s]] + [times[dep][1] for dep in deps])
-                times[action] = (start, start + costs.of(action, s in split))
+                cost = costs.of(action, s in split)
+                times[action] = (start, start + (cost if chunks == 1 else cost / float(chunks)))
                 free[s] = times[action][1]
                 position[s] += 1
                 remaining -= 1
