@@ -53,6 +53,12 @@ def test_every_size_validates_and_never_takes_longer_than_1f1b(stages, micro, ch
         assert timed.makespan(sched) == pytest.approx(3 * micro + 3.0 * (stages - 1) / chunks)
 
 
+def test_docs_show_the_real_grid():
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "pipeline_schedules.md")
+    with open(path) as handle:
+        assert to_grid(interleaved(2, 4, 2)) in handle.read()
+
+
 def test_one_virtual_stage_is_1f1b():
     assert interleaved(3, 5, 1) == prefer_backward(3, 5)
 
