@@ -78,7 +78,7 @@ def test_split_stages_are_those_with_a_w_apart_from_its_b():
     assert times[Action(1, "W", 0)][1] - times[Action(1, "W", 0)][0] == 3
 
 
-@pytest.mark.parametrize("stages,micro", SIZES + [(30, 30), (31, 40), (40, 40), (64, 64)])
+@pytest.mark.parametrize("stages,micro", SIZES + [(30, 30), (31, 40), (40, 40)])
 def test_stage_memory_keeps_every_stage_within_the_bound(stages, micro):
     """The memory model counts a deferred W's activations and the output gradients B
     saves for it: "stage" defers a W only where 1.1x of the stage's own 1F1B peak
@@ -100,14 +100,13 @@ def test_stage_memory_gain_where_the_bound_allows_a_deferral():
     """What "stage" leaves of ZB-H1's gain (equal F, B and W): nothing below 30
     micro-batches on a stage, some beyond."""
     rows = {}
-    for stages, micro in ((2, 8), (8, 32), (31, 40), (40, 40), (64, 64)):
+    for stages, micro in ((2, 8), (8, 32), (31, 40), (40, 40)):
         base = timed.makespan(prefer_backward(stages, micro))
         rows[(stages, micro)] = (timed.makespan(zero_bubble(stages, micro, "stage")) / base,
                                  timed.makespan(zero_bubble(stages, micro)) / base)
     assert rows[(2, 8)][0] == rows[(8, 32)][0] == 1.0
     assert rows[(31, 40)][0] == pytest.approx(209 / 210.0)  # stage 1 defers one W
     assert rows[(40, 40)][0] == pytest.approx(227 / 237.0)
-    assert rows[(64, 64)][0] == pytest.approx(347 / 381.0)
     for per_stage, zb_h1 in rows.values():
         assert zb_h1 < per_stage
 
