@@ -41,23 +41,25 @@ LOWERINGS = ("stage_functions", "unrolled")
 MODELS = ("relu",) + tuple(shapes.SHAPES)
 
 
-def _relu_train(tf, settings):
-    """The ReLU stack of tests/eplutil.stage_peak_bytes: its activations dwarf its
-    weights, and W reads every activation B reads."""
+def relu_stack_train(tf, settings, stages=STAGES):
+    """The train op of a pipeline of ``stages`` stages of 3 dense ReLU layers of 256, 256
+    rows per micro-batch, under EPL config ``settings``: its activations dwarf its
+    weights, and W reads every activation B reads (also the model of the tests' peak
+    measurements, tests/eplutil.stage_peak_bytes)."""
     import numpy as np
     import epl
     from epl.cluster import Cluster
-    epl.init(epl.Config(settings), cluster=Cluster(devices_per_worker=STAGES))
+    epl.init(epl.Config(settings), cluster=Cluster(devices_per_worker=stages))
     rng = np.random.RandomState(0)
     data = tf.data.Dataset.from_tensors((rng.rand(256, 32).astype(np.float32),
                                          rng.randint(0, 4, 256))).repeat()
     hidden, labels = tf.data.make_one_shot_iterator(data).get_next()
-    for stage in range(STAGES):
+    for stage in range(stages):
         with epl.replicate(1, name="stage_%d" % stage):
             for layer in range(3):
                 hidden = tf.layers.dense(hidden, 256, activation=tf.nn.relu,
                                          name="s%d_%d" % (stage, layer))
-            if stage == STAGES - 1:
+            if stage == stages - 1:
                 loss = tf.losses.sparse_softmax_cross_entropy(
                     labels, tf.layers.dense(hidden, 4))
     return tf.train.GradientDescentOptimizer(0.01).minimize(loss)
@@ -67,7 +69,7 @@ def session_peaks(tf, model, settings, traced):
     """Each stage's least peak bytes over ``traced`` traced steps of one new session."""
     tf.reset_default_graph()
     if model == "relu":
-        train = _relu_train(tf, settings)
+        train = relu_stack_train(tf, settings)
     else:
         extra = dict((k, v) for k, v in settings.items() if k != "pipeline.num_micro_batch")
         train = shapes.train_op(tf, model, "pipe", settings["pipeline.micro_batching"],
