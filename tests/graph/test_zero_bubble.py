@@ -235,15 +235,22 @@ def test_gradient_accumulation_ignores_the_schedule():
 
 
 # ---- memory ------------------------------------------------------------------------------
-def stage_peaks(strategy, memory="pipeline", micro_batches=8, lowering="auto", sessions=3):
-    """Peak bytes of each stage's device in a step (3 layers of 256 x 256 per stage:
-    ``eplutil.stage_peak_bytes``): the least over 3 traced steps of ``sessions``
-    sessions. One step's peak moves by up to 15% with the order the executor runs ready
-    ops in (the same graph measured 2.9 and 3.4 MB); the least is the schedule's own."""
-    settings = {"pipeline.num_micro_batch": micro_batches, "pipeline.strategy": strategy,
-                "pipeline.micro_batching": lowering, "pipeline.zero_bubble_memory": memory}
-    found = [stage_peak_bytes(settings, traced=3) for _ in range(sessions)]
-    return [min(peaks[stage] for peaks in found) for stage in range(2)]
+def stage_peaks(schedules, lowering, sessions):
+    """{(strategy, memory): peak bytes of each stage's device in a step} (3 layers of
+    256 x 256 per stage: ``eplutil.stage_peak_bytes``, m = 8): the least over 3 traced
+    steps of ``sessions`` sessions of each, the schedules' sessions taking turns. One
+    step's peak moves by up to 15% with the order the executor runs ready ops in (the
+    same graph measured 2.9 and 3.4 MB), and whole sessions (of the same process) run
+    high or low together; the least, measured in turns, is the schedule's own."""
+    found = dict((key, []) for key in schedules)
+    for _ in range(sessions):
+        for strategy, memory in schedules:
+            found[(strategy, memory)].append(stage_peak_bytes(
+                {"pipeline.num_micro_batch": 8, "pipeline.strategy": strategy,
+                 "pipeline.micro_batching": lowering, "pipeline.zero_bubble_memory": memory},
+                traced=3))
+    return dict((key, [min(peaks[stage] for peaks in runs) for stage in range(2)])
+                for key, runs in found.items())
 
 
 # One micro-batch's activations on a stage of stage_peaks' model: 3 layers of 256 x 256
@@ -259,9 +266,9 @@ def test_peak_memory_per_stage_against_prefer_backward(lowering):
     held 1.4-1.5x). ZB-H1 ("pipeline") fuses stage 0's backward too (it defers no W)
     and holds 1F1B's pipeline peak there; stage 1 holds one more micro-batch between F
     and W and the output gradients of two (measured 1.8-2.3x 1F1B's)."""
-    one_f_one_b = stage_peaks("PreferBackward", lowering=lowering)
-    per_stage = stage_peaks("ZeroBubble", "stage", lowering=lowering)
-    zb_h1 = stage_peaks("ZeroBubble", lowering=lowering, sessions=1)
+    peaks = stage_peaks([("PreferBackward", "pipeline"), ("ZeroBubble", "stage")], lowering, 4)
+    one_f_one_b, per_stage = peaks[("PreferBackward", "pipeline")], peaks[("ZeroBubble", "stage")]
+    zb_h1 = stage_peaks([("ZeroBubble", "pipeline")], lowering, 1)[("ZeroBubble", "pipeline")]
     print("peak bytes per stage: 1F1B %s, ZB-H1 %s, ZB per-stage %s"
           % (one_f_one_b, zb_h1, per_stage))
     for stage in range(2):
