@@ -9,7 +9,8 @@ import pytest
 from epl.config import Config
 from epl.parallel.plan import PlanError, TaskGraphSpec, make_plan
 from epl.strategies.schedule import (Action, Schedule, ScheduleError, interleaved,
-                                     prefer_backward, simulate, timed, to_grid, validate)
+                                     prefer_backward, simulate, timed, to_grid, validate,
+                                     zero_bubble)
 from epl.strategies.schedule.interleaved import _row
 from epl.strategies.schedule.picture import main
 
@@ -57,6 +58,22 @@ def test_docs_show_the_real_grid():
     path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "pipeline_schedules.md")
     with open(path) as handle:
         assert to_grid(interleaved(2, 4, 2)) in handle.read()
+
+
+def test_docs_simulator_table():
+    """The simulated steps docs/pipeline_schedules.md shows for interleaved stages."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "pipeline_schedules.md")
+    with open(path) as handle:
+        docs = handle.read()
+    for stages in (2, 4):
+        for micro in (3, 4, 8, 16):
+            base = timed.makespan(prefer_backward(stages, micro))
+            cells = ["%g (%.3f)" % (t, t / float(base)) for t in (
+                timed.makespan(zero_bubble(stages, micro)),
+                timed.makespan(interleaved(stages, micro, 2)),
+                timed.makespan(interleaved(stages, micro, 4)))]
+            row = "| %d | %d | %g | %s |" % (stages, micro, base, " | ".join(cells))
+            assert row in docs, row
 
 
 def test_one_virtual_stage_is_1f1b():
