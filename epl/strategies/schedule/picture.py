@@ -10,7 +10,8 @@ from epl.strategies.schedule import timed
 from epl.strategies.schedule.interleaved import interleaved
 from epl.strategies.schedule.core import (BACKWARD, FORWARD, PREFER_BACKWARD, WEIGHT,
                                           ScheduleError, bubble_fraction, get_schedule,
-                                          simulate, to_grid, validate)
+                                          simulate, to_grid)
+from epl.strategies.schedule.validation import validate
 
 _COLOURS = {FORWARD: "#8ecae6", BACKWARD: "#f4a261", WEIGHT: "#90be6d"}
 _LABELS = {FORWARD: "forward F(m)", BACKWARD: "backward B(m)",
