@@ -100,12 +100,19 @@ FIELDS = (
            "num_micro_batch; what a function cannot hold, such as TF1 control flow and "
            "split layers' collectives, stays ops of each repetition); \"unrolled\" copies "
            "the stage graph per repetition; \"auto\" is \"stage_functions\"."),
+    _F("pipeline", "num_virtual_stages", Kind.INT, 1, minimum=1, extension=True,
+       doc="EPL extension: model chunks per device (interleaved 1F1B: TaskGraph t on "
+           "device t mod stages). Only 1 is lowered; the schedule of larger values can be "
+           "printed and drawn (python -m epl.strategies.schedule --virtual-stages v), and "
+           "a plan with num_virtual_stages > 1 is refused."),
     _F("pipeline", "zero_bubble_memory", Kind.STR, "pipeline", choices=("pipeline", "stage"),
        extension=True,
        doc="EPL extension, for pipeline.strategy ZeroBubble: \"pipeline\" (ZB-H1) keeps "
            "the pipeline's peak activations at 1F1B's (stage 0's) while later stages defer "
-           "W and hold up to num_stages micro-batches; \"stage\" keeps every stage at its "
-           "own 1F1B peak and gives up part of the gain."),
+           "W and hold up to num_stages micro-batches; \"stage\" keeps every stage within "
+           "1.1x of its own 1F1B peak: a stage defers a W only where that bound allows (it "
+           "holds 30 or more micro-batches), elsewhere its B and W run fused as "
+           "PreferBackward's, with 1F1B's step time."),
     _F("gradient_checkpoint", "type", Kind.STR, "", choices=("", "collection", "auto"),
        doc='Gradient checkpointing: "" is off, "collection" uses the tensors in the tf '
            'collection "checkpoints", "auto" selects them automatically.'),

@@ -251,6 +251,7 @@ def make_plan(config, cluster, specs):
     specs = list(specs)
     if not specs:
         raise PlanError("the graph has no TaskGraphs; build the model after epl.init()")
+    _refuse_virtual_stages(config)
     names = [s.name for s in specs]
     colocate = config.cluster.colocate_split_and_replicate
     try:
@@ -309,6 +310,18 @@ def _local_replicas(plan):
     """True when some worker builds two or more copies (data-parallel replicas, or
     the positions of stages k devices wide)."""
     return any(len(plan.copies_of(w)) > 1 for w in range(plan.worker_num))
+
+
+def _refuse_virtual_stages(config):
+    """Interleaved stages exist as a schedule (epl.strategies.schedule.interleaved), not
+    yet as a lowering: refused naming the key rather than run as plain 1F1B."""
+    chunks = config.pipeline.num_virtual_stages
+    if chunks > 1:
+        raise PlanError(
+            "pipeline.num_virtual_stages=%d (interleaved stages: TaskGraph t on device t mod "
+            "the number of devices) is not lowered in this EPL version; set it to 1. Its "
+            "schedule can be printed and drawn: python -m epl.strategies.schedule --stages S "
+            "--micro-batches M --virtual-stages %d" % (chunks, chunks))
 
 
 def _check_widths(plan):

@@ -12,7 +12,7 @@ from epl.cluster import Cluster
 from epl.parallel.repeat.backward_split import weight_ops
 from eplutil import (MEASURED, copy_values, dataset_input, initial_weights, make_data,
                      max_diff, serial_train, stage_peak_bytes, staged_mlp, trace_times,
-                     traced_stage_peaks, train_step)
+                     train_step)
 from realmodels import CORPUS, Bert, ResNet
 
 TOL = 1e-5
@@ -113,20 +113,22 @@ def test_stage_memory_option_matches_serial():
 
 
 def test_weight_gradients_are_w_and_input_gradients_are_b():
-    """Stage 1's dx (MatMul with the kernel transposed) is B; both stages' kernel
-    gradients are W; stage 0 has no B at all (nothing before it waits)."""
+    """Stage 1's dx (MatMul with the kernel transposed) is B, its kernel gradient W.
+    Stage 0 runs every W right after its B (ZB-H1 defers none there): its backward is
+    not split, one fused action per micro-batch, as PreferBackward's. Split, its
+    kernel gradient would be W and its B empty (nothing before it waits)."""
     _pipeline(2, 2, 2, lowering="unrolled", steps=1)
     view = epl.Graph.get()
     program = view.parallel
     entrances, exits = program.boundaries[0]
-    assert not [key for key in list(entrances) + list(exits) if key[:2] == (0, "B")]
-    for stage in range(2):
-        for m in range(2):
-            assert (stage, "W", m) in exits and (1, "B", m) in exits
+    assert not [key for key in list(entrances) + list(exits) if key[:2] == (0, "W")]
+    for m in range(2):
+        assert (0, "B", m) in exits and (1, "W", m) in exits and (1, "B", m) in exits
     grads = dict((v.op.name, g) for g, v in _gradients(view))
-    weights = weight_ops(_Ctx(view))
-    assert grads["d1/kernel"].op.name in weights and grads["d2/kernel"].op.name in weights
-    b_ops = set(op.name for key, ops in exits.items() if key[1] == "B" for op in ops)
+    weights = weight_ops(_Ctx(view), frozenset([1]))
+    assert grads["d2/kernel"].op.name in weights and grads["d1/kernel"].op.name not in weights
+    assert grads["d1/kernel"].op.name in weight_ops(_Ctx(view), frozenset([0, 1]))
+    b_ops = set(op.name for key, ops in exits.items() if key[:2] == (1, "B") for op in ops)
     assert not b_ops & weights and b_ops
 
 
@@ -161,6 +163,29 @@ def test_stage_function_calls_follow_the_schedule():
     # stage 0: 4 F and 4 W (its B is empty); stage 1: 4 F, 4 B and 4 W
     assert checked == (8 - 1) + (12 - 1)
     assert {"forward", "backward0", "weights0"} <= kinds
+
+
+@pytest.mark.parametrize("lowering", ["stage_functions", "unrolled"])
+def test_back_to_back_b_and_w_lower_as_the_fused_backward(lowering):
+    """"stage" runs every W right after its B: each stage's backward is lowered fused,
+    as PreferBackward's (no W action, no weight-gradient function, the gradient gates
+    kept), so it holds 1F1B's memory and makes one call where a split makes two."""
+    _, _, sess, _ = _pipeline(3, 3, 3, lowering=lowering, steps=1,
+                              extra={"pipeline.zero_bubble_memory": "stage"})
+    program = epl.Graph.get().parallel
+    assert program.schedule.splits_backward
+    entrances, exits = program.boundaries[0]
+    keys = set(entrances) | set(exits)
+    assert not [key for key in keys if key[1] == "W"], sorted(keys)
+    assert set((s, "B", m) for s in range(3) for m in range(3)) <= keys
+    names = [f.signature.name for f in sess.graph.as_graph_def().library.function]
+    if lowering == "stage_functions":
+        assert [n for n in names if "_backward" in n] and not [n for n in names if "_weights" in n]
+    gates = [op for op in sess.graph.get_operations()
+             if "/tuple/control_dependency" in op.name and "EPL_" not in op.name]
+    # the user's gradient gates all stay (a split B drops its own: it must not wait for W)
+    assert gates and all(op.control_inputs for op in gates), [
+        op.name for op in gates if not op.control_inputs]
 
 
 # ---- the corpus and the memory savers ---------------------------------------------------
@@ -210,13 +235,22 @@ def test_gradient_accumulation_ignores_the_schedule():
 
 
 # ---- memory ------------------------------------------------------------------------------
-def stage_peaks(strategy, memory="pipeline", micro_batches=8, lowering="auto"):
-    """Peak bytes of each stage's device in one traced step (3 layers of 256 x 256 per
-    stage: ``eplutil.stage_peak_bytes``)."""
-    return stage_peak_bytes({"pipeline.num_micro_batch": micro_batches,
-                             "pipeline.strategy": strategy,
-                             "pipeline.micro_batching": lowering,
-                             "pipeline.zero_bubble_memory": memory})
+def stage_peaks(schedules, lowering, sessions):
+    """{(strategy, memory): peak bytes of each stage's device in a step} (3 layers of
+    256 x 256 per stage: ``eplutil.stage_peak_bytes``, m = 8): the least over 3 traced
+    steps of ``sessions`` sessions of each, the schedules' sessions taking turns. One
+    step's peak moves by up to 15% with the order the executor runs ready ops in (the
+    same graph measured 2.9 and 3.4 MB), and whole sessions (of the same process) run
+    high or low together; the least, measured in turns, is the schedule's own."""
+    found = dict((key, []) for key in schedules)
+    for _ in range(sessions):
+        for strategy, memory in schedules:
+            found[(strategy, memory)].append(stage_peak_bytes(
+                {"pipeline.num_micro_batch": 8, "pipeline.strategy": strategy,
+                 "pipeline.micro_batching": lowering, "pipeline.zero_bubble_memory": memory},
+                traced=3))
+    return dict((key, [min(peaks[stage] for peaks in runs) for stage in range(2)])
+                for key, runs in found.items())
 
 
 # One micro-batch's activations on a stage of stage_peaks' model: 3 layers of 256 x 256
@@ -226,57 +260,22 @@ ACTIVATIONS = 3 * 256 * 256 * 4
 
 @pytest.mark.parametrize("lowering", ["stage_functions", "unrolled"])
 def test_peak_memory_per_stage_against_prefer_backward(lowering):
-    """Bytes, per stage, in one traced step (m = 8). Splitting the backward keeps the
-    output gradients B computes until W reads them: one micro-batch's worth more than
-    1F1B's fused backward, which frees each as it goes. "stage" defers no W, so that is
-    all it adds; ZB-H1 ("pipeline") also holds one more micro-batch on stage 1 between
-    F and W, with the output gradients of two (measured on stage 1: 2.1x 1F1B's; stage 0
-    within 1.2x)."""
-    one_f_one_b = stage_peaks("PreferBackward", lowering=lowering)
-    zb_h1 = stage_peaks("ZeroBubble", lowering=lowering)
-    per_stage = stage_peaks("ZeroBubble", "stage", lowering=lowering)
+    """Bytes, per stage (m = 8). "stage" runs each W right after its B, which the
+    lowering fuses: every stage within 1.1x of 1F1B's peak (split, B and W kept the
+    output gradients and the activations W reads alive until B ended: the later stage
+    held 1.4-1.5x). ZB-H1 ("pipeline") fuses stage 0's backward too (it defers no W)
+    and holds 1F1B's pipeline peak there; stage 1 holds one more micro-batch between F
+    and W and the output gradients of two (measured 1.8-2.3x 1F1B's)."""
+    peaks = stage_peaks([("PreferBackward", "pipeline"), ("ZeroBubble", "stage")], lowering, 4)
+    one_f_one_b, per_stage = peaks[("PreferBackward", "pipeline")], peaks[("ZeroBubble", "stage")]
+    zb_h1 = stage_peaks([("ZeroBubble", "pipeline")], lowering, 1)[("ZeroBubble", "pipeline")]
     print("peak bytes per stage: 1F1B %s, ZB-H1 %s, ZB per-stage %s"
           % (one_f_one_b, zb_h1, per_stage))
     for stage in range(2):
-        assert per_stage[stage] <= one_f_one_b[stage] + 1.1 * ACTIVATIONS, (
-            stage, per_stage, one_f_one_b)
+        assert per_stage[stage] <= 1.1 * one_f_one_b[stage], (stage, per_stage, one_f_one_b)
     assert zb_h1[0] <= one_f_one_b[0] + 1.1 * ACTIVATIONS, (zb_h1, one_f_one_b)
     assert zb_h1[1] <= one_f_one_b[1] + 3.3 * ACTIVATIONS, (zb_h1, one_f_one_b)
     assert zb_h1[1] > per_stage[1] + 0.5 * ACTIVATIONS  # what "stage" saves is real
-
-
-class _WiderBert(Bert):
-    """The corpus encoder at sizes where a micro-batch's activations, not the weights,
-    fill a stage's peak (attention, GELU, layer norms; stage 1 is layer 1 + pooler)."""
-    seq, hidden, heads, intermediate = 16, 64, 4, 256
-    batch = 8
-
-
-def _bert_stage_peaks(strategy, memory="pipeline", micro_batches=2):
-    """Peak bytes per stage in one traced step of the encoder, unrolled copies."""
-    tf.reset_default_graph()
-    model = _WiderBert()
-    epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches,
-                         "pipeline.strategy": strategy, "pipeline.micro_batching": "unrolled",
-                         "pipeline.zero_bubble_memory": memory}),
-             cluster=Cluster(devices_per_worker=2))
-    arrays = model.data(model.batch * micro_batches * 2)
-    loss = model.loss(corpusutil.dataset(arrays, model.batch),
-                      lambda i: epl.replicate(1, name="stage_%d" % i))
-    return traced_stage_peaks(model.train_op(loss))
-
-
-def test_transformer_stage_peaks_within_prefer_backward():
-    """On transformer stages B frees what only it reads (attention probabilities, GELU
-    and layer-norm intermediates, dropout masks) before W runs, which offsets the output
-    gradients it hands to W: with unrolled copies "stage" keeps every stage within 1.1x
-    of 1F1B's peak (measured 0.71-1.01x). Not so with stage functions (stage 1 1.2-1.4x)
-    nor on ReLU stacks, where W reads every activation B reads (docs/design.md)."""
-    one_f_one_b = _bert_stage_peaks("PreferBackward")
-    per_stage = _bert_stage_peaks("ZeroBubble", "stage")
-    print("peak bytes per stage: 1F1B %s, ZB per-stage %s" % (one_f_one_b, per_stage))
-    for stage in range(2):
-        assert per_stage[stage] <= 1.1 * one_f_one_b[stage], (stage, per_stage, one_f_one_b)
 
 
 def test_memory_option_without_zero_bubble_warns(caplog):

@@ -11,6 +11,7 @@ EXPECTED_DEFAULTS = {
     "pipeline.num_stages": None,
     "pipeline.strategy": "PreferBackward",
     "pipeline.micro_batching": "auto",
+    "pipeline.num_virtual_stages": 1,
     "pipeline.zero_bubble_memory": "pipeline",
     "gradient_checkpoint.type": "",
     "gradient_checkpoint.end_taskgraph": -1,
@@ -46,15 +47,17 @@ EXPECTED_DEFAULTS = {
     "checkpoint.snapshot_keep": 2,
 }
 KEYS = list(EXPECTED_DEFAULTS)
-EXTENSION_KEYS = ["pipeline.micro_batching", "pipeline.zero_bubble_memory", "cluster.source",
-                  "cluster.port_base", "cluster.rendezvous_timeout", "cluster.place_pruned_graph",
+EXTENSION_KEYS = ["pipeline.micro_batching", "pipeline.num_virtual_stages",
+                  "pipeline.zero_bubble_memory", "cluster.source", "cluster.port_base",
+                  "cluster.rendezvous_timeout", "cluster.place_pruned_graph",
                   "communication.sparse_reduction", "communication.timeout",
                   "checkpoint.snapshot_steps",
                   "checkpoint.snapshot_dir", "checkpoint.snapshot_keep"]
 FREE_TEXT_KEYS = ["checkpoint.snapshot_dir"]  # any text is a value: no bad value to give
 BOOL_KEYS = [k for k, v in EXPECTED_DEFAULTS.items() if isinstance(v, bool)]
-COUNT_KEYS = ["pipeline.num_micro_batch", "optimizer.num_apply_group",
-              "communication.num_communicators", "communication.max_splits"]
+COUNT_KEYS = ["pipeline.num_micro_batch", "pipeline.num_virtual_stages",
+              "optimizer.num_apply_group", "communication.num_communicators",
+              "communication.max_splits"]
 INT_KEYS = COUNT_KEYS + ["pipeline.num_stages", "gradient_checkpoint.end_taskgraph",
                          "cluster.port_base", "checkpoint.snapshot_steps",
                          "checkpoint.snapshot_keep"]
@@ -67,6 +70,7 @@ OVERRIDES = {
     "pipeline.num_stages": 3,
     "pipeline.strategy": "PreferForward",
     "pipeline.micro_batching": "unrolled",
+    "pipeline.num_virtual_stages": 2,
     "pipeline.zero_bubble_memory": "stage",
     "gradient_checkpoint.type": "collection",
     "gradient_checkpoint.end_taskgraph": 0,
@@ -108,6 +112,7 @@ ENV_OVERRIDES = {
     "pipeline.num_stages": ("EPL_PIPELINE_NUM_STAGES", "2", 2),
     "pipeline.strategy": ("EPL_PIPELINE_STRATEGY", "preferforward", "PreferForward"),
     "pipeline.micro_batching": ("EPL_PIPELINE_MICRO_BATCHING", "Unrolled", "unrolled"),
+    "pipeline.num_virtual_stages": ("EPL_PIPELINE_NUM_VIRTUAL_STAGES", "3", 3),
     "pipeline.zero_bubble_memory": ("EPL_PIPELINE_ZERO_BUBBLE_MEMORY", "Stage", "stage"),
     "gradient_checkpoint.type": ("EPL_GRADIENT_CHECKPOINT_TYPE", "auto", "auto"),
     "gradient_checkpoint.end_taskgraph": ("EPL_GRADIENT_CHECKPOINT_END_TASKGRAPH", "3", 3),
@@ -154,6 +159,7 @@ BAD_TYPES = {
     "pipeline.num_stages": (2.0, "int or None"),
     "pipeline.strategy": (1, "str"),
     "pipeline.micro_batching": (True, "str"),
+    "pipeline.num_virtual_stages": ("2", "int"),
     "pipeline.zero_bubble_memory": (2, "str"),
     "gradient_checkpoint.type": (None, "str"),
     "gradient_checkpoint.end_taskgraph": ("-1", "int"),
@@ -196,6 +202,7 @@ BAD_VALUES = {
     "pipeline.num_stages": (0, "None or >= 1"),
     "pipeline.strategy": ("1F1B", "'PreferBackward', 'PreferForward'"),
     "pipeline.micro_batching": ("loop", "'auto', 'stage_functions', 'unrolled'"),
+    "pipeline.num_virtual_stages": (0, ">= 1"),
     "pipeline.zero_bubble_memory": ("device", "'pipeline', 'stage'"),
     "gradient_checkpoint.type": ("checkpoints", "'', 'collection', 'auto'"),
     "gradient_checkpoint.end_taskgraph": (-2, ">= -1"),
@@ -225,6 +232,7 @@ BAD_ENV.update({
     "pipeline.num_stages": ("0", "'none', '' or an integer >= 1"),
     "pipeline.strategy": ("gpipe", "'PreferBackward', 'PreferForward'"),
     "pipeline.micro_batching": ("copies", "'auto', 'stage_functions', 'unrolled'"),
+    "pipeline.num_virtual_stages": ("two", "an integer >= 1"),
     "pipeline.zero_bubble_memory": ("worker", "'pipeline', 'stage'"),
     "gradient_checkpoint.type": ("on", "'collection', 'auto'"),
     "gradient_checkpoint.end_taskgraph": ("1.5", "an integer >= -1"),

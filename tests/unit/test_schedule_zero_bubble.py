@@ -5,8 +5,10 @@ import os
 import pytest
 
 from epl.strategies.schedule import (Action, Schedule, ScheduleError, get_schedule,
-                                     peak_in_flight, prefer_backward, prefer_forward, timed,
-                                     validate, zero_bubble)
+                                     memory_units, peak_in_flight, prefer_backward,
+                                     prefer_forward, split_stages, timed, validate,
+                                     zero_bubble)
+from epl.strategies.schedule.core import STAGE_MEMORY_BOUND
 from epl.strategies.schedule.picture import main
 
 SIZES = [(s, m) for s in range(1, 7) for m in range(1, 11)]
@@ -29,7 +31,8 @@ def test_two_stages_four_micro_batches_written_out():
     assert timed.makespan(sched) == 13 and timed.makespan(prefer_backward(2, 4)) == 15
     assert zero_bubble(2, 4, memory="stage").stage(1) == _actions(
         "1F0 1B0 1W0 1F1 1B1 1W1 1F2 1B2 1W2 1F3 1B3 1W3")
-    assert timed.makespan(zero_bubble(2, 4, memory="stage")) == 14
+    # every W of "stage" follows its B: the lowering runs them fused, as 1F1B does
+    assert timed.makespan(zero_bubble(2, 4, memory="stage")) == 15
 
 
 @pytest.mark.parametrize("memory", ["pipeline", "stage"])
@@ -56,6 +59,56 @@ def test_invariants(stages, micro, memory):
         assert peak_in_flight(sched) == (min(stages, micro),) * stages
     else:
         assert peak_in_flight(sched) == peak_in_flight(one_f_one_b)
+
+
+def test_split_stages_are_those_with_a_w_apart_from_its_b():
+    """A W right after its own B is lowered fused with it; one W elsewhere splits the
+    stage's whole backward."""
+    assert split_stages(zero_bubble(3, 4)) == {1, 2}  # ZB-H1: stage s defers s Ws
+    assert split_stages(zero_bubble(3, 4, "stage")) == frozenset()
+    assert split_stages(prefer_backward(3, 4)) == frozenset()
+    mixed = Schedule.parse("0F0 0F1 0B0 0W0 0B1 0W1\n1F0 1B0 1F1 1B1 1W0 1W1")
+    assert split_stages(mixed) == {1}
+    apart = Schedule.parse("0F0 0B0 0F1 0W0 0B1 0W1\n1F0 1B0 1W0 1F1 1B1 1W1")
+    assert split_stages(apart) == {0}
+    # a fused stage's W costs nothing, its B the whole backward
+    times = timed.finish_times(mixed, timed.Costs(1, 2, 3))
+    assert times[Action(0, "B", 0)][1] - times[Action(0, "B", 0)][0] == 5
+    assert times[Action(0, "W", 0)][0] == times[Action(0, "W", 0)][1]
+    assert times[Action(1, "W", 0)][1] - times[Action(1, "W", 0)][0] == 3
+
+
+@pytest.mark.parametrize("stages,micro", SIZES + [(30, 30), (31, 40), (40, 40)])
+def test_stage_memory_keeps_every_stage_within_the_bound(stages, micro):
+    """The memory model counts a deferred W's activations and the output gradients B
+    saves for it: "stage" defers a W only where 1.1x of the stage's own 1F1B peak
+    allows (a stage holding 30 micro-batches or more; stage 0, which has no bubble to
+    fill, never); ZB-H1 holds more on later
+    stages and never more than 1F1B's pipeline peak of activations on stage 0."""
+    one_f_one_b = memory_units(prefer_backward(stages, micro))
+    assert one_f_one_b == peak_in_flight(prefer_backward(stages, micro))
+    per_stage = zero_bubble(stages, micro, "stage")
+    for s, (got, bound) in enumerate(zip(memory_units(per_stage), one_f_one_b)):
+        assert got <= STAGE_MEMORY_BOUND * bound + 1e-9, (s, got, bound)
+        assert (s in split_stages(per_stage)) == (s > 0 and min(stages - s, micro) >= 30), s
+    assert timed.makespan(per_stage) <= timed.makespan(prefer_backward(stages, micro))
+    zb_h1 = memory_units(zero_bubble(stages, micro))
+    assert zb_h1[0] == one_f_one_b[0]
+
+
+def test_stage_memory_gain_where_the_bound_allows_a_deferral():
+    """What "stage" leaves of ZB-H1's gain (equal F, B and W): nothing below 30
+    micro-batches on a stage, some beyond."""
+    rows = {}
+    for stages, micro in ((2, 8), (8, 32), (31, 40), (40, 40)):
+        base = timed.makespan(prefer_backward(stages, micro))
+        rows[(stages, micro)] = (timed.makespan(zero_bubble(stages, micro, "stage")) / base,
+                                 timed.makespan(zero_bubble(stages, micro)) / base)
+    assert rows[(2, 8)][0] == rows[(8, 32)][0] == 1.0
+    assert rows[(31, 40)][0] == pytest.approx(209 / 210.0)  # stage 1 defers one W
+    assert rows[(40, 40)][0] == pytest.approx(227 / 237.0)
+    for per_stage, zb_h1 in rows.values():
+        assert zb_h1 < per_stage
 
 
 @pytest.mark.parametrize("stages,micro", SIZES)

@@ -27,13 +27,16 @@ testing which lowering runs:
 from epl.protocols.passes import REPLICATE, Pass
 from epl.parallel.repeat.functions import StageFunctions
 from epl.parallel.repeat.unrolled import UnrolledCopies
+from epl.strategies.schedule import split_stages
 
 
 def for_plan(plan, copies):
     """The repetition of ``plan``'s step on a worker that builds ``copies`` (its
     :class:`epl.parallel.mesh.Copy` records)."""
     micro_batches = plan.num_micro_batch if plan.pipeline else 1
-    split = plan.pipeline and plan.schedule is not None and plan.schedule.splits_backward
+    split = frozenset()  # the stages whose backward runs as B and W actions
+    if plan.pipeline and plan.schedule is not None:
+        split = split_stages(plan.schedule)
     if plan.calls_functions and (micro_batches > 1 or len(copies) > 1):
         return StageFunctions(len(copies), micro_batches, split)
     return UnrolledCopies(len(copies), micro_batches, split)

@@ -1,5 +1,11 @@
 """B and W: each stage's backward split for schedules that run them apart (ZeroBubble).
 
+Only the stages where the schedule runs some W apart from its B are split
+(``epl.strategies.schedule.split_stages``); where every W directly follows its B the
+stage's backward runs fused, as PreferBackward's, which frees each layer's output
+gradient and activations as soon as both of its gradients are done, where a split
+keeps those W reads alive until B ends.
+
 ``tf.gradients`` already builds a layer's input gradient (``dx = dy . W^T``) and its
 weight gradient (``dW = x^T . dy``) as separate ops. A stage's backward ops that the
 previous stage's backward waits for, and everything they need, are its B part; the
@@ -35,22 +41,26 @@ def _user_backward_ops(ctx):
     return found
 
 
-def ungate(ctx, weights):
-    """Drop the control input of the gradient gates' Identities that are not in
-    ``weights`` (see above): a B part then never waits for its W part."""
+def ungate(ctx, weights, stages):
+    """Drop the control input of the gradient gates' Identities of ``stages`` that are
+    not in ``weights`` (see above): a B part then never waits for its W part. The
+    gates of stages whose backward runs fused stay as PreferBackward has them."""
+    stage_of = dict((op.name, stage) for op, stage in _user_backward_ops(ctx).items())
     gates = gradient_gates(list(_user_backward_ops(ctx)))
     if gates is None:
         return
     graph = ctx.tf_graph
     for name in gates.forwarded:
-        if name not in weights:
+        if name not in weights and stage_of.get(name) in stages:
             tf_adapter.remove_control_inputs(graph.get_operation_by_name(name))
 
 
-def weight_ops(ctx):
-    """Names of the user's backward ops in W parts: those that no backward op of another
-    stage needs, directly or through ops of their own stage (a gradient gate's wait for
-    its NoOp does not count: :func:`ungate` drops it where it would)."""
+def weight_ops(ctx, stages):
+    """Names of the user's backward ops in the W parts of ``stages`` (the stages whose
+    backward the schedule runs split, ``epl.strategies.schedule.split_stages``): those
+    that no backward op of another stage needs, directly or through ops of their own
+    stage (a gradient gate's wait for its NoOp does not count: :func:`ungate` drops it
+    where it would). The other stages' backward runs fused, all of it B."""
     stage_of = _user_backward_ops(ctx)
     gates = gradient_gates(list(stage_of))
     gated = gates.forwarded if gates is not None else {}
@@ -70,7 +80,8 @@ def weight_ops(ctx):
         for producer in [t.op for t in op.inputs] + controls:
             if stage_of.get(producer) == stage:
                 stack.append(producer)
-    return frozenset(op.name for op in stage_of if op not in needed)
+    return frozenset(op.name for op, stage in stage_of.items()
+                     if op not in needed and stage in stages)
 
 
 def kind_of(kind, name, weights):

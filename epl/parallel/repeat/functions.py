@@ -47,7 +47,7 @@ class StageFunctions(Repetition):
     0 of the functions that sum gradients), and, per repetition, its calls and what they
     compute (:class:`epl.parallel.repeat.record.Instance`)."""
 
-    def __init__(self, copies, micro_batches, split_backward=False):
+    def __init__(self, copies, micro_batches, split_backward=frozenset()):
         super(StageFunctions, self).__init__(copies, micro_batches, split_backward)
         self.partition = None
         self.bodies, self.functions, self.firsts = {}, {}, {}

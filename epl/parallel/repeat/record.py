@@ -64,28 +64,28 @@ class Repetition(object):
       shared: names of the constant expressions every micro-batch shares.
       replaced: names of the user ops that no longer run (calls compute them).
       instances: {(copy, micro_batch): its :class:`Instance` record}.
-      split_backward: whether the schedule runs each backward as B and W actions
-        (:mod:`epl.parallel.repeat.backward_split`).
+      split_backward: the stages whose backward the schedule runs as B and W actions
+        (:mod:`epl.parallel.repeat.backward_split`); the others run it fused.
     """
 
-    def __init__(self, copies, micro_batches, split_backward=False):
+    def __init__(self, copies, micro_batches, split_backward=frozenset()):
         self.copies = copies
         self.micro_batches = micro_batches
-        self.split_backward = split_backward
+        self.split_backward = frozenset(split_backward)
         self.shared = set()
         self.replaced = set()
         self.instances = {}
         self._weights = None
 
     def weight_parts(self, ctx):
-        """Names of the user's backward ops in W parts (none unless the backward is
-        split). Found once, before anything is repeated, and the B parts' gradient
+        """Names of the user's backward ops in W parts (of the stages in
+        ``split_backward``). Found once, before anything is repeated, and the B parts' gradient
         gates dropped: the clones and the calls then inherit the split."""
         if self._weights is None:
             self._weights = frozenset()
             if self.split_backward:
-                self._weights = backward_split.weight_ops(ctx)
-                backward_split.ungate(ctx, self._weights)
+                self._weights = backward_split.weight_ops(ctx, self.split_backward)
+                backward_split.ungate(ctx, self._weights, self.split_backward)
         return self._weights
 
     # ---- the lowering's side -----------------------------------------------------

@@ -27,7 +27,7 @@ class UnrolledCopies(Repetition):
     """Micro-batch m > 0 is a clone of every step op of micro-batch 0, except the
     constant expressions, which every micro-batch shares; copies clone it all."""
 
-    def __init__(self, copies, micro_batches, split_backward=False):
+    def __init__(self, copies, micro_batches, split_backward=frozenset()):
         super(UnrolledCopies, self).__init__(copies, micro_batches, split_backward)
         self._interior = None  # control_flow_interior of the graph, once per schedule
 

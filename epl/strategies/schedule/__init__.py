@@ -21,7 +21,10 @@ Example::
 Command line: ``python -m epl.strategies.schedule --stages 4 --micro-batches 8``.
 
 The package is split so that no module imports one that imports it back:
-:mod:`~epl.strategies.schedule.core` holds the data and the checks,
+:mod:`~epl.strategies.schedule.core` holds the data, :mod:`~epl.strategies.schedule.validation`
+the checks,
+:mod:`~epl.strategies.schedule.memory` which stages the lowering splits and a model
+of their memory, :mod:`~epl.strategies.schedule.interleaved` interleaved stages,
 :mod:`~epl.strategies.schedule.timed` the simulation with action costs,
 :mod:`~epl.strategies.schedule.picture` the picture and the command line;
 this module only gathers their names.
@@ -29,6 +32,9 @@ this module only gathers their names.
 from epl.strategies.schedule.core import (  # noqa: F401
     BACKWARD, FORWARD, PREFER_BACKWARD, PREFER_FORWARD, WEIGHT, ZERO_BUBBLE, Action, Schedule,
     ScheduleError, Timeline, bubble_fraction, dependencies, get_schedule, peak_in_flight,
-    prefer_backward, prefer_forward, simulate, to_grid, validate, zero_bubble)
+    prefer_backward, prefer_forward, simulate, to_grid, zero_bubble)
+from epl.strategies.schedule.validation import validate  # noqa: F401
+from epl.strategies.schedule.memory import memory_units, split_stages  # noqa: F401
+from epl.strategies.schedule.interleaved import INTERLEAVED, interleaved  # noqa: F401
 from epl.strategies.schedule import timed  # noqa: F401
 from epl.strategies.schedule.picture import main, save_png  # noqa: F401

@@ -1,8 +1,9 @@
-"""The core of pipeline schedules: actions, schedules, strategies, simulation, validation.
+"""The core of pipeline schedules: actions, schedules, strategies, simulation, the grid.
 
 Plain, immutable data, no TensorFlow (see :mod:`epl.strategies.schedule` for the
-why and an example). Pictures and the command line are
-:mod:`epl.strategies.schedule.picture`, which builds on this module.
+why and an example). The checks are :mod:`epl.strategies.schedule.validation`;
+pictures and the command line are :mod:`epl.strategies.schedule.picture`, which
+build on this module.
 """
 import collections
 import fractions
@@ -87,21 +88,27 @@ class Schedule(object):
     ``stages`` is one sequence per stage of Actions (or their text). Only the shape is
     checked here; ``validate`` checks the content, so broken schedules can still be built,
     printed and diagnosed.
+
+    With ``num_virtual_stages`` v > 1 (interleaved stages) the model has v * S stages
+    (*virtual stages*, an Action's ``stage``) and row d is device d, which runs virtual
+    stages d, d + S, d + 2S, ... (virtual stage t on row t mod S).
     """
 
-    __slots__ = ("name", "num_stages", "num_micro_batch", "stages")
+    __slots__ = ("name", "num_stages", "num_micro_batch", "stages", "num_virtual_stages")
 
-    def __init__(self, name, num_stages, num_micro_batch, stages):
+    def __init__(self, name, num_stages, num_micro_batch, stages, num_virtual_stages=1):
         if not isinstance(name, str) or not name:
             raise ScheduleError("schedule name must be a non-empty string, got %r" % (name,))
         _check_count("num_stages", num_stages)
         _check_count("num_micro_batch", num_micro_batch)
+        _check_count("num_virtual_stages", num_virtual_stages)
         rows = tuple(_as_row(row) for row in stages)
         if len(rows) != num_stages:
             raise ScheduleError("schedule %r has %d stage rows but num_stages=%d"
                                 % (name, len(rows), num_stages))
         for field, value in (("name", name), ("num_stages", num_stages),
-                             ("num_micro_batch", num_micro_batch), ("stages", rows)):
+                             ("num_micro_batch", num_micro_batch), ("stages", rows),
+                             ("num_virtual_stages", num_virtual_stages)):
             object.__setattr__(self, field, value)
 
     def __setattr__(self, field, value):
@@ -114,7 +121,8 @@ class Schedule(object):
         return (Schedule, self._key())
 
     def _key(self):
-        return (self.name, self.num_stages, self.num_micro_batch, self.stages)
+        return (self.name, self.num_stages, self.num_micro_batch, self.stages,
+                self.num_virtual_stages)
 
     def __eq__(self, other):
         return type(other) is Schedule and self._key() == other._key()
@@ -123,8 +131,8 @@ class Schedule(object):
         return hash(self._key())
 
     def __repr__(self):
-        return "<Schedule %s: %d stages x %d micro-batches>" % (
-            self.name, self.num_stages, self.num_micro_batch)
+        return "<Schedule %s: %s x %d micro-batches>" % (
+            self.name, _shape(self), self.num_micro_batch)
 
     def __str__(self):
         return to_grid(self)
@@ -135,6 +143,12 @@ class Schedule(object):
             raise ScheduleError("stage must be an integer in 0..%d, got %r"
                                 % (self.num_stages - 1, s))
         return self.stages[s]
+
+    @property
+    def model_stages(self):
+        """How many stages the model has: num_stages, times num_virtual_stages when
+        each device holds several (interleaved stages)."""
+        return self.num_stages * self.num_virtual_stages
 
     def compact(self):
         """One line per stage, actions separated by spaces: the golden-file form."""
@@ -162,6 +176,13 @@ class Schedule(object):
         if num_micro_batch is None:
             num_micro_batch = 1 + max(a.micro_batch for row in rows for a in row)
         return cls(name, len(rows), num_micro_batch, rows)
+
+
+def _shape(schedule):
+    if schedule.num_virtual_stages == 1:
+        return "%d stages" % schedule.num_stages
+    return "%d devices x %d virtual stages" % (
+        schedule.num_stages, schedule.num_virtual_stages)
 
 
 # --------------------------------------------------------------------------- strategies
@@ -222,6 +243,24 @@ def _zero_bubble_row(s, num_stages, num_micro_batch, deferred):
 
 
 ZB_MEMORY = ("pipeline", "stage")
+# The per-stage bound of ``memory="stage"``: a stage's peak (memory_units) within this
+# factor of its own 1F1B peak.
+STAGE_MEMORY_BOUND = 1.1
+# What a micro-batch whose W waits holds beyond its activations, in units of its
+# activations: the gradients of the stage's layer outputs that B hands to W (as large as
+# the activations on stacks of dense layers, where W reads every activation B reads).
+SAVED_GRADIENTS = 1.0
+
+
+def _stage_deferral(warm_up):
+    """How many W actions a stage holding ``warm_up`` micro-batches under 1F1B may defer
+    and stay within STAGE_MEMORY_BOUND of that peak (memory_units' model): each deferred
+    W keeps one more micro-batch's activations and its saved output gradients, and a
+    split stage holds one more micro-batch's output gradients from B to W: with d
+    deferred, warm_up + d + (d + 1) * SAVED_GRADIENTS. Zero (every W right after its B,
+    which the lowering fuses) unless a stage holds 30 or more micro-batches."""
+    spare = (STAGE_MEMORY_BOUND - 1.0) * warm_up
+    return max(0, int((spare - SAVED_GRADIENTS) / (1.0 + SAVED_GRADIENTS) + 1e-9))
 
 
 def zero_bubble(num_stages, num_micro_batch, memory="pipeline"):
@@ -235,15 +274,19 @@ def zero_bubble(num_stages, num_micro_batch, memory="pipeline"):
     stage's saved inputs). ``memory="pipeline"`` (the paper's ZB-H1) keeps the
     pipeline's peak at 1F1B's (S micro-batches, on stage 0): stage s > 0 defers s W
     actions and so holds S micro-batches instead of 1F1B's S - s. ``memory="stage"``
-    keeps every stage at its own 1F1B peak: no W is deferred, and the schedule only
-    gains where a stage runs W while it would wait (S = 2, M = 4: 14 units)."""
+    keeps every stage within STAGE_MEMORY_BOUND of its own 1F1B peak (``memory_units``):
+    a stage s defers up to ZB-H1's s Ws only where that bound allows (a stage holding
+    30 micro-batches or more); elsewhere each W follows its B, the lowering runs them as one fused
+    backward (``split_stages``), and the step takes 1F1B's time."""
     _check_count("num_stages", num_stages)
     _check_count("num_micro_batch", num_micro_batch)
     if memory not in ZB_MEMORY:
         raise ScheduleError("ZeroBubble memory must be one of %s, got %r" % (ZB_MEMORY, memory))
     rows = []
     for s in range(num_stages):
-        deferred = s if memory == "pipeline" else 0
+        warm_up = min(num_stages - s, num_micro_batch)
+        # ZB-H1's s deferred Ws fill stage s's bubbles; deferring more only delays it
+        deferred = s if memory == "pipeline" else min(s, _stage_deferral(warm_up))
         rows.append(_zero_bubble_row(s, num_stages, num_micro_batch, deferred))
     return Schedule(ZERO_BUBBLE, num_stages, num_micro_batch, rows)
 
@@ -308,8 +351,8 @@ def simulate(schedule):
     stage can start while actions remain can never change, so the simulation stops there
     and reports the stall in ``Timeline.blocked`` instead of raising, so that callers can
     still draw the partial timeline."""
-    rows, num_stages = schedule.stages, schedule.num_stages
-    position = [0] * num_stages
+    rows, num_stages = schedule.stages, schedule.model_stages
+    position = [0] * len(rows)
     done, slots = set(), []
     remaining = sum(len(row) for row in rows)
     while remaining:
@@ -362,6 +405,16 @@ def peak_in_flight(schedule):
     return tuple(peaks)
 
 
+def _row_of(schedule, stage):
+    """The row that runs (virtual) stage ``stage``, None if the model has no such stage."""
+    return stage % schedule.num_stages if stage < schedule.model_stages else None
+
+
+def _own_stages(schedule, s):
+    """The (virtual) stages row ``s`` runs: s alone, or s, s + S, ... when interleaved."""
+    return range(s, schedule.model_stages, schedule.num_stages)
+
+
 # --------------------------------------------------------------------------- text grid
 
 def _as_marks(mark):
@@ -407,142 +460,27 @@ def to_grid(schedule, mark=None):
     present = {action for row in schedule.stages for action in row}
     width = 2 + max([len(str(action)) for action in present]
                     + [len(str(timeline.makespan - 1))])
-    label_width = len("stage %d" % (schedule.num_stages - 1))
+    label = "stage %d" if schedule.num_virtual_stages == 1 else "device %d"
+    label_width = len(label % (schedule.num_stages - 1))
     header = "slot".ljust(label_width) + " |" + "".join(
         str(t).center(width) for t in range(timeline.makespan))
     if not timeline.complete:
         header += " ||  not run"
-    lines = ["%s: %d stages x %d micro-batches" % (
-        schedule.name, schedule.num_stages, schedule.num_micro_batch), header.rstrip()]
+    lines = ["%s: %s x %d micro-batches" % (
+        schedule.name, _shape(schedule), schedule.num_micro_batch), header.rstrip()]
     for s, row in enumerate(schedule.stages):
-        line = ("stage %d" % s).ljust(label_width) + " |" + "".join(
+        line = (label % s).ljust(label_width) + " |" + "".join(
             _cell(slot[s], marks, width) for slot in timeline.slots)
         if not timeline.complete:
             started = sum(slot[s] is not None for slot in timeline.slots)
             line += " || " + "".join(_cell(action, marks, width) for action in row[started:])
-        missing = sorted(m for m in marks if m.stage == s and m not in present)
+        missing = sorted(m for m in marks if _row_of(schedule, m.stage) == s
+                         and m not in present)
         if missing:
             line += "  <- %s missing" % " ".join("[%s]" % (action,) for action in missing)
         lines.append(line.rstrip())
-    for action in sorted(m for m in marks - present if m.stage >= schedule.num_stages):
+    for action in sorted(m for m in marks - present if _row_of(schedule, m.stage) is None):
         lines.append("marked [%s]: not in this schedule, which has stages 0..%d"
-                     % (action, schedule.num_stages - 1))
+                     % (action, schedule.model_stages - 1))
     lines.append(_footer(schedule, timeline))
     return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- validation
-
-def _check_rows(schedule):
-    """Each row holds only its own stage's actions, for existing micro-batches."""
-    for s, row in enumerate(schedule.stages):
-        for action in row:
-            if action.stage != s:
-                return action, ("stage %d's row holds %s, an action of stage %d; a row may "
-                                "only hold its own stage's actions" % (s, action, action.stage))
-            if action.micro_batch >= schedule.num_micro_batch:
-                return action, ("stage %d's row holds %s, but the schedule has only %d "
-                                "micro-batches (0..%d)" % (s, action, schedule.num_micro_batch,
-                                                           schedule.num_micro_batch - 1))
-    return None
-
-
-_KIND_WORDS = {False: "forward and the backward",
-               True: "forward, the input-gradient backward (B) and the weight-gradient "
-                     "backward (W)"}
-
-
-def _check_exactly_once(schedule):
-    """Every F and B (and W, when the backward is split) of every micro-batch, once per
-    stage: a missing action would leave its gradient uncomputed, a duplicate would run a
-    micro-batch twice."""
-    for s, row in enumerate(schedule.stages):
-        counts = collections.Counter(row)
-        for action in row:
-            if counts[action] > 1:
-                return action, ("%s appears %d times on stage %d; every action must run "
-                                "exactly once" % (action, counts[action], s))
-        for m in range(schedule.num_micro_batch):
-            for kind in schedule.kinds():
-                action = Action(s, kind, m)
-                if action not in counts:
-                    return action, ("stage %d never runs %s; each stage must run the %s of "
-                                    "every micro-batch 0..%d exactly once"
-                                    % (s, action, _KIND_WORDS[schedule.splits_backward],
-                                       schedule.num_micro_batch - 1))
-    return None
-
-
-def _check_order(schedule):
-    """F(m) before B(m), and micro-batches in increasing order per kind: EPL's lowering
-    chains micro-batches in one order shared by all stages."""
-    for s, row in enumerate(schedule.stages):
-        position = {action: i for i, action in enumerate(row)}
-        for m in range(schedule.num_micro_batch):
-            forward, backward = Action(s, FORWARD, m), Action(s, BACKWARD, m)
-            if position[backward] < position[forward]:
-                return backward, ("on stage %d, %s runs before %s; a micro-batch's backward "
-                                  "needs the activations of its forward" % (s, backward, forward))
-            weight = Action(s, WEIGHT, m)
-            if weight in position and position[weight] < position[backward]:
-                return weight, ("on stage %d, %s runs before %s; the weight gradients need "
-                                "the gradients B computes" % (s, weight, backward))
-        for kind, label in ((FORWARD, "forwards"), (BACKWARD, "backwards"),
-                            (WEIGHT, "weight-gradient backwards")):
-            same_kind = [action for action in row if action.kind == kind]
-            for previous, action in zip(same_kind, same_kind[1:]):
-                if action.micro_batch < previous.micro_batch:
-                    return action, ("on stage %d, %s comes after %s; %s must run in increasing "
-                                    "micro-batch order, because EPL's lowering assumes every "
-                                    "stage sees the micro-batches in the same order"
-                                    % (s, action, previous, label))
-    return None
-
-
-def _where(schedule, dep, blocked):
-    """Why ``dep`` has not run: explains one edge of a deadlock in words."""
-    if dep.stage >= schedule.num_stages or dep not in schedule.stages[dep.stage]:
-        return "%s, which no stage runs" % (dep,)
-    if blocked[dep.stage] == dep:
-        return "%s, stage %d's next action, itself blocked" % (dep, dep.stage)
-    return "%s, which stage %d only runs after %s" % (dep, dep.stage, blocked[dep.stage])
-
-
-def _check_progress(schedule, timeline):
-    """The simulation must finish; otherwise name, per blocked stage, what it waits for."""
-    if timeline.complete:
-        return None
-    done = timeline.done()
-    reasons = []
-    for s, action in enumerate(timeline.blocked):
-        if action is not None:
-            waits = [_where(schedule, dep, timeline.blocked)
-                     for dep in dependencies(action, schedule.num_stages) if dep not in done]
-            reasons.append("  stage %d waits at %s for %s" % (s, action, " and ".join(waits)))
-    blocked = [action for action in timeline.blocked if action is not None]
-    return blocked, ("deadlock after %d slots: no stage can start its next action\n%s"
-                     % (timeline.makespan, "\n".join(reasons)))
-
-
-def validate(schedule):
-    """Check that ``schedule`` is complete, ordered as EPL's lowering needs, and runs to
-    the end. Returns the simulated Timeline; otherwise raises ScheduleError whose message
-    explains the first problem found and shows the grid with the offending action(s)
-    marked ``[like this]``. Structural problems are reported before deadlocks because
-    they are the more direct explanation."""
-    if not isinstance(schedule, Schedule):
-        raise ScheduleError("validate() needs a Schedule, got %r" % (schedule,))
-    for check in (_check_rows, _check_exactly_once, _check_order):
-        problem = check(schedule)
-        if problem is not None:
-            _fail(schedule, *problem)
-    timeline = simulate(schedule)
-    problem = _check_progress(schedule, timeline)
-    if problem is not None:
-        _fail(schedule, *problem)
-    return timeline
-
-
-def _fail(schedule, mark, message):
-    raise ScheduleError("invalid pipeline schedule %r: %s\n\n%s\n(offending action marked "
-                        "[like this])" % (schedule.name, message, to_grid(schedule, mark)))

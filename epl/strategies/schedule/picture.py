@@ -7,9 +7,11 @@ import argparse
 import sys
 
 from epl.strategies.schedule import timed
+from epl.strategies.schedule.interleaved import interleaved
 from epl.strategies.schedule.core import (BACKWARD, FORWARD, PREFER_BACKWARD, WEIGHT,
                                           ScheduleError, bubble_fraction, get_schedule,
-                                          simulate, to_grid, validate)
+                                          simulate, to_grid)
+from epl.strategies.schedule.validation import validate
 
 _COLOURS = {FORWARD: "#8ecae6", BACKWARD: "#f4a261", WEIGHT: "#90be6d"}
 _LABELS = {FORWARD: "forward F(m)", BACKWARD: "backward B(m)",
@@ -30,23 +32,30 @@ def save_png(schedule, path):
         raise ScheduleError("save_png needs matplotlib (pip install 'pyepl[plot]'): %s" % exc)
     timeline = simulate(schedule)
     num_slots, num_stages = max(timeline.makespan, 1), schedule.num_stages
+    chunks = schedule.num_virtual_stages
     figure = Figure(figsize=(max(5.0, 0.45 * num_slots + 1.8), 0.55 * num_stages + 1.6))
     FigureCanvasAgg(figure)
     axes = figure.add_subplot(1, 1, 1)
     for t, slot in enumerate(timeline.slots):
         for s, action in enumerate(slot):
             if action is not None:
+                # interleaved: a device's later chunks drawn lighter, labelled with the
+                # virtual stage
+                chunk = action.stage // num_stages
                 axes.add_patch(Rectangle((t, s), 1, 1, facecolor=_COLOURS[action.kind],
+                                         alpha=1.0 - 0.45 * chunk / chunks,
                                          edgecolor="white", linewidth=1.5))
-                axes.text(t + 0.5, s + 0.5, "%s%d" % (action.kind, action.micro_batch),
-                          ha="center", va="center", fontsize=8)
+                text = "%s%d" % (action.kind, action.micro_batch)
+                axes.text(t + 0.5, s + 0.5, text if chunks == 1 else str(action),
+                          ha="center", va="center", fontsize=8 if chunks == 1 else 6)
     axes.set_xlim(0, num_slots)
     axes.set_ylim(num_stages, 0)
     step = max(1, num_slots // 30)
     axes.set_xticks([t + 0.5 for t in range(0, num_slots, step)])
     axes.set_xticklabels([str(t) for t in range(0, num_slots, step)])
     axes.set_yticks([s + 0.5 for s in range(num_stages)])
-    axes.set_yticklabels(["stage %d" % s for s in range(num_stages)])
+    axes.set_yticklabels([("stage %d" if chunks == 1 else "device %d") % s
+                          for s in range(num_stages)])
     axes.set_xlabel("time slot")
     kinds = schedule.kinds()
     if schedule.splits_backward:
@@ -57,8 +66,10 @@ def save_png(schedule, path):
                 loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     status = ", STALLED" if not timeline.complete else (
         ", bubble %.1f%%" % (100.0 * bubble_fraction(schedule)) if timeline.slots else "")
-    axes.set_title("%s: S=%d stages, M=%d micro-batches (%d slots%s)" % (
-        schedule.name, num_stages, schedule.num_micro_batch, timeline.makespan, status))
+    shape = "S=%d stages" % num_stages if chunks == 1 else "S=%d devices x v=%d" % (
+        num_stages, chunks)
+    axes.set_title("%s: %s, M=%d micro-batches (%d slots%s)" % (
+        schedule.name, shape, schedule.num_micro_batch, timeline.makespan, status))
     figure.tight_layout()
     figure.savefig(path, format="png", dpi=100)
     return path
@@ -77,6 +88,9 @@ def main(argv=None):
     parser.add_argument("--strategy", default=PREFER_BACKWARD,
                         help="PreferBackward (1F1B, default), PreferForward (GPipe-like) or "
                              "ZeroBubble (ZB-H1: backward split into B and W)")
+    parser.add_argument("--virtual-stages", type=int, default=1,
+                        help="model chunks per device (interleaved 1F1B, with PreferBackward; "
+                             "EPL does not lower it yet)")
     parser.add_argument("--costs",
                         help="times of F, B and W such as 1,1,1 (a backward that is not split "
                              "costs B+W): also print the step time these costs give")
@@ -85,7 +99,7 @@ def main(argv=None):
                         help="print the per-stage order (golden-file form) instead of the grid")
     args = parser.parse_args(argv)
     try:
-        schedule = get_schedule(args.strategy, args.stages, args.micro_batches)
+        schedule = _schedule(args)
         validate(schedule)
         print(schedule.compact() if args.compact else to_grid(schedule))
         if args.costs and not args.compact:
@@ -99,6 +113,15 @@ def main(argv=None):
         print("error: %s" % exc, file=sys.stderr)
         return 2
     return 0
+
+
+def _schedule(args):
+    if args.virtual_stages == 1:
+        return get_schedule(args.strategy, args.stages, args.micro_batches)
+    if args.strategy.lower() != PREFER_BACKWARD.lower():
+        raise ScheduleError("--virtual-stages %d needs --strategy PreferBackward (interleaved "
+                            "1F1B), got %r" % (args.virtual_stages, args.strategy))
+    return interleaved(args.stages, args.micro_batches, args.virtual_stages)
 
 
 def _parse_costs(text):

@@ -3,10 +3,12 @@
 :func:`epl.strategies.schedule.core.simulate` counts unit-time slots, where a fused
 backward is one unit like a forward; its grids and golden files stay as they are.
 Comparing a schedule that splits the backward (ZeroBubble) with one that does not
-needs costs: here a fused backward costs ``B + W``, and every action starts as soon as
-its stage is free and its dependencies have finished (the stage's order is the
-schedule's). Used by the schedule command line and the pipeline benchmark to report
-what each schedule should take beside what it measured.
+needs costs: here a fused backward costs ``B + W`` (so does the B of a stage that the
+lowering runs unsplit, :func:`~epl.strategies.schedule.memory.split_stages`, and its W
+nothing), and every action starts as soon as its stage is free and its dependencies
+have finished (the stage's order is the schedule's). Used by the schedule command
+line and the pipeline benchmark to report what each schedule should take beside what
+it measured.
 
 Example::
 
@@ -17,6 +19,7 @@ Example::
 import collections
 
 from epl.strategies.schedule.core import FORWARD, WEIGHT, ScheduleError, dependencies
+from epl.strategies.schedule.memory import split_stages
 
 
 class Costs(collections.namedtuple("Costs", "forward backward weight")):
@@ -26,10 +29,12 @@ class Costs(collections.namedtuple("Costs", "forward backward weight")):
     __slots__ = ()
 
     def of(self, action, split):
+        """The cost of ``action`` on a stage whose backward is ``split`` or fused (then
+        its B costs ``backward + weight`` and its W, run inside that B, nothing)."""
         if action.kind == FORWARD:
             return self.forward
         if action.kind == WEIGHT:
-            return self.weight
+            return self.weight if split else 0
         return self.backward if split else self.backward + self.weight
 
 
@@ -40,7 +45,9 @@ def finish_times(schedule, costs=UNIT):
     """{action: (start, finish)} when each stage runs its row in order and an action
     starts once its stage is free and its dependencies finished. Raises ScheduleError
     when the schedule stalls (``validate`` says why)."""
-    split = schedule.splits_backward
+    split = split_stages(schedule)  # the stages the lowering runs B and W apart
+    # an interleaved device's virtual stage is 1/v of the model slice 1F1B gives a stage
+    chunks = schedule.num_virtual_stages
     times, free = {}, [0] * schedule.num_stages
     position = [0] * schedule.num_stages
     remaining = sum(len(row) for row in schedule.stages)
@@ -49,11 +56,12 @@ def finish_times(schedule, costs=UNIT):
         for s, row in enumerate(schedule.stages):
             while position[s] < len(row):
                 action = row[position[s]]
-                deps = dependencies(action, schedule.num_stages)
+                deps = dependencies(action, schedule.model_stages)
                 if any(dep not in times for dep in deps):
                     break
                 start = max([free[s]] + [times[dep][1] for dep in deps])
-                times[action] = (start, start + costs.of(action, split))
+                cost = costs.of(action, s in split)
+                times[action] = (start, start + (cost if chunks == 1 else cost / float(chunks)))
                 free[s] = times[action][1]
                 position[s] += 1
                 remaining -= 1
