@@ -1,7 +1,5 @@
 """ZeroBubble (ZB-H1) as data: W actions, its invariants, the timed simulation, the
 validator's checks of split backwards, the command line and picture. No TensorFlow."""
-import os
-
 import pytest
 
 from epl.strategies.schedule import (Action, Schedule, ScheduleError, get_schedule,
@@ -10,6 +8,7 @@ from epl.strategies.schedule import (Action, Schedule, ScheduleError, get_schedu
                                      zero_bubble)
 from epl.strategies.schedule.core import STAGE_MEMORY_BOUND
 from epl.strategies.schedule.picture import main
+from schedule_cli import assert_draws_png
 
 SIZES = [(s, m) for s in range(1, 7) for m in range(1, 11)]
 
@@ -162,8 +161,5 @@ def test_command_line_prints_grid_and_step_time(capsys, tmp_path):
     assert "0W0" in out and "step time with costs F=1 B=1 W=1: 13" in out
     assert main(["--stages", "2", "--micro-batches", "4", "--costs", "1,x"]) == 2
     assert "--costs must be three positive numbers" in capsys.readouterr().err
-    pytest.importorskip("matplotlib")
-    path = str(tmp_path / "zb.png")
-    assert main(["--stages", "2", "--micro-batches", "4", "--strategy", "ZeroBubble",
-                 "--png", path]) == 0
-    assert os.path.getsize(path) > 0
+    assert_draws_png(tmp_path, "zb.png",
+                     ["--stages", "2", "--micro-batches", "4", "--strategy", "ZeroBubble"])
