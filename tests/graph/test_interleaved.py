@@ -1,0 +1,124 @@
+"""Interleaved stages (pipeline.num_virtual_stages): four replicate(1) TaskGraphs on two
+devices (TaskGraph t on device t mod 2), each device's chunks run in the order of its
+row of Megatron's interleaved 1F1B. The same weights as serial training and as
+PreferBackward's 1F1B over four devices, under both lowerings of the repeated step."""
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import epl
+from epl.cluster import Cluster
+from epl.strategies.schedule import interleaved
+from eplutil import (FEATURES, HIDDEN, CLASSES, copy_values, dataset_input, epl_paused,
+                     make_data, max_diff, train_step)
+
+TOL = 1e-5
+B, K = 4, 3
+LAYERS = ("l0", "l1", "l2", "l3")
+NAMES = tuple("%s/kernel" % name for name in LAYERS) + ("l3/bias",)
+
+
+def _weights(seed=3):
+    rng = np.random.RandomState(seed)
+    sizes = [(FEATURES, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, CLASSES)]
+    return [rng.rand(*size).astype(np.float32) - 0.5 for size in sizes]
+
+
+def _model(x, y, staged):
+    """Four dense layers, layer i in TaskGraph ``stage_i`` when ``staged``."""
+    value = x
+    for index, kernel in enumerate(_weights()):
+        scope = epl.replicate(1, name="stage_%d" % index) if staged else _Nothing()
+        with scope:
+            value = tf.layers.dense(value, kernel.shape[1], name=LAYERS[index],
+                                    activation=None if index == 3 else tf.nn.tanh,
+                                    kernel_initializer=tf.constant_initializer(kernel))
+            if index == 3:
+                value = tf.losses.sparse_softmax_cross_entropy(y, value)
+    return value
+
+
+class _Nothing(object):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args):
+        return False
+
+
+def _serial(x, y, batch):
+    with epl_paused(), tf.Graph().as_default():
+        train = train_step(_model(*dataset_input(x, y, batch), staged=False))
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            for _ in range(K):
+                sess.run(train)
+            return dict((name, sess.run(name + ":0")) for name in NAMES)
+
+
+def _pipeline(devices, micro_batches, chunks, lowering, replicas=1):
+    tf.reset_default_graph()
+    x, y = make_data(micro_batches * B * replicas * (K + 1))
+    epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches,
+                         "pipeline.num_virtual_stages": chunks,
+                         "pipeline.micro_batching": lowering}),
+             cluster=Cluster(devices_per_worker=devices))
+    train = train_step(_model(*dataset_input(x, y, B), staged=True))
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for _ in range(K):
+            sess.run(train)
+        values = dict((name, copy_values(sess, name)) for name in NAMES)
+    return x, y, values
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("lowering", ["stage_functions", "unrolled"])
+@pytest.mark.parametrize("micro_batches", [4, 3])
+def test_matches_serial_and_prefer_backward(micro_batches, lowering):
+    x, y, values = _pipeline(2, micro_batches, 2, lowering)
+    program = epl.Graph.get().parallel
+    assert program.schedule == interleaved(2, micro_batches, 2)
+    devices = [program.plan.device_of(t, 0, 0) for t in range(4)]
+    assert devices[0] == devices[2] != devices[1] == devices[3]
+    reference = _serial(x, y, micro_batches * B)
+    for name in NAMES:
+        assert max_diff(reference[name], values[name]) < TOL, name
+    _, _, one_f_one_b = _pipeline(4, micro_batches, 1, lowering)
+    for name in NAMES:
+        # every gradient is summed over the micro-batches in micro-batch order
+        np.testing.assert_array_equal(values[name], one_f_one_b[name], err_msg=name)
+
+
+@pytest.mark.parametrize("lowering", ["stage_functions", "unrolled"])
+def test_each_device_runs_its_row_in_order(lowering):
+    """For consecutive actions a, b of device d's row (0F0 0F1 2F0 2F1 ... for device 0:
+    both chunks in one chain), every op where b starts waits for a barrier on device d
+    that waits for a's end."""
+    _pipeline(2, 4, 2, lowering)
+    program = epl.Graph.get().parallel
+    entrances, exits = program.boundaries[0]
+    for row in range(2):
+        actions = program.schedule.stage(row)
+        assert set(a.stage % 2 for a in actions) == {row} and len(actions) == 16
+        for before, after in zip(actions, actions[1:]):
+            name = "after_%s_copy0" % (before,)
+            starts = entrances[(after.stage, after.kind, after.micro_batch)]
+            assert starts, after
+            for op in starts:
+                barriers = [b for b in op.control_inputs if b.name.split("/")[-1] == name]
+                assert len(barriers) == 1, (op.name, name)
+                assert barriers[0].device == program.plan.device_of(row, 0, 0)
+                ends = exits[(before.stage, before.kind, before.micro_batch)]
+                # (later passes may swap some exit ops, e.g. the input pull's)
+                assert set(ends) & set(barriers[0].control_inputs), name
+
+
+@pytest.mark.timeout(300)
+def test_data_parallel_over_interleaved_pipelines():
+    x, y, values = _pipeline(4, 4, 2, "stage_functions", replicas=2)
+    plan = epl.Graph.get().parallel.plan
+    assert plan.num_replicas == 2
+    reference = _serial(x, y, 2 * 4 * B)
+    for name in NAMES:
+        assert len(values[name]) == 2 and max_diff(reference[name], values[name]) < TOL, name
