@@ -9,61 +9,20 @@ import tensorflow.compat.v1 as tf
 import epl
 from epl.cluster import Cluster
 from epl.strategies.schedule import interleaved
-from eplutil import (FEATURES, HIDDEN, CLASSES, copy_values, dataset_input, epl_paused,
-                     make_data, max_diff, train_step)
+from eplutil import copy_values, dataset_input, make_data, max_diff, train_step
+from interleavedutil import K, NAMES, TOL, model, serial
 
-TOL = 1e-5
-B, K = 4, 3
-LAYERS = ("l0", "l1", "l2", "l3")
-NAMES = tuple("%s/kernel" % name for name in LAYERS) + ("l3/bias",)
+B = 4
 
 
-def _weights(seed=3):
-    rng = np.random.RandomState(seed)
-    sizes = [(FEATURES, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, CLASSES)]
-    return [rng.rand(*size).astype(np.float32) - 0.5 for size in sizes]
-
-
-def _model(x, y, staged):
-    """Four dense layers, layer i in TaskGraph ``stage_i`` when ``staged``."""
-    value = x
-    for index, kernel in enumerate(_weights()):
-        scope = epl.replicate(1, name="stage_%d" % index) if staged else _Nothing()
-        with scope:
-            value = tf.layers.dense(value, kernel.shape[1], name=LAYERS[index],
-                                    activation=None if index == 3 else tf.nn.tanh,
-                                    kernel_initializer=tf.constant_initializer(kernel))
-            if index == 3:
-                value = tf.losses.sparse_softmax_cross_entropy(y, value)
-    return value
-
-
-class _Nothing(object):
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *args):
-        return False
-
-
-def _serial(x, y, batch):
-    with epl_paused(), tf.Graph().as_default():
-        train = train_step(_model(*dataset_input(x, y, batch), staged=False))
-        with tf.Session() as sess:
-            sess.run(tf.global_variables_initializer())
-            for _ in range(K):
-                sess.run(train)
-            return dict((name, sess.run(name + ":0")) for name in NAMES)
-
-
-def _pipeline(devices, micro_batches, chunks, lowering, replicas=1):
+def _pipeline(devices, micro_batches, chunks, lowering, replicas=1, extra=None):
     tf.reset_default_graph()
     x, y = make_data(micro_batches * B * replicas * (K + 1))
-    epl.init(epl.Config({"pipeline.num_micro_batch": micro_batches,
-                         "pipeline.num_virtual_stages": chunks,
-                         "pipeline.micro_batching": lowering}),
-             cluster=Cluster(devices_per_worker=devices))
-    train = train_step(_model(*dataset_input(x, y, B), staged=True))
+    settings = {"pipeline.num_micro_batch": micro_batches, "pipeline.num_virtual_stages": chunks,
+                "pipeline.micro_batching": lowering}
+    settings.update(extra or {})
+    epl.init(epl.Config(settings), cluster=Cluster(devices_per_worker=devices))
+    train = train_step(model(*dataset_input(x, y, B), staged=True))
     with tf.Session() as sess:
         sess.run(tf.global_variables_initializer())
         for _ in range(K):
@@ -81,7 +40,7 @@ def test_matches_serial_and_prefer_backward(micro_batches, lowering):
     assert program.schedule == interleaved(2, micro_batches, 2)
     devices = [program.plan.device_of(t, 0, 0) for t in range(4)]
     assert devices[0] == devices[2] != devices[1] == devices[3]
-    reference = _serial(x, y, micro_batches * B)
+    reference = serial(x, y, micro_batches * B)
     for name in NAMES:
         assert max_diff(reference[name], values[name]) < TOL, name
     _, _, one_f_one_b = _pipeline(4, micro_batches, 1, lowering)
@@ -119,6 +78,20 @@ def test_data_parallel_over_interleaved_pipelines():
     x, y, values = _pipeline(4, 4, 2, "stage_functions", replicas=2)
     plan = epl.Graph.get().parallel.plan
     assert plan.num_replicas == 2
-    reference = _serial(x, y, 2 * 4 * B)
+    reference = serial(x, y, 2 * 4 * B)
     for name in NAMES:
         assert len(values[name]) == 2 and max_diff(reference[name], values[name]) < TOL, name
+
+
+# The runtime's savers and grouped apply act per TaskGraph; two TaskGraphs on one device
+# change none of their numbers.
+FEATURES_ON = {"gradient_checkpoint.type": "auto", "amp.level": "O1", "offload.level": "v0",
+               "optimizer.num_apply_group": 2}
+
+
+@pytest.mark.timeout(300)
+def test_memory_savers_amp_and_grouped_apply_match_prefer_backward():
+    _, _, values = _pipeline(2, 4, 2, "stage_functions", extra=FEATURES_ON)
+    _, _, one_f_one_b = _pipeline(4, 4, 1, "stage_functions", extra=FEATURES_ON)
+    for name in NAMES:
+        np.testing.assert_array_equal(values[name], one_f_one_b[name], err_msg=name)
