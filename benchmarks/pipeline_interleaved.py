@@ -24,30 +24,9 @@ sys.path.insert(0, HERE)
 
 import common  # noqa: E402
 import paired as pairing  # noqa: E402
+import pipeline  # noqa: E402
 
 DEVICES = 2
-
-
-def build_model(tf, epl, batch, width, layers, chunks, features=256):
-    """Synthetic input (one pull per micro-batch) and DEVICES * chunks TaskGraphs of
-    ``layers / chunks`` dense layers each: the same layers whatever ``chunks``."""
-    import numpy as np
-    rng = np.random.RandomState(0)
-    data = tf.data.Dataset.from_tensors(
-        (rng.rand(batch, features).astype(np.float32),
-         rng.randint(0, 10, batch).astype(np.int64))).repeat()
-    x, y = tf.data.make_one_shot_iterator(data).get_next()
-    hidden, per_chunk, count = x, layers // chunks, DEVICES * chunks
-    for stage in range(count):
-        with epl.replicate(1, name="stage_%d" % stage):
-            for layer in range(per_chunk):
-                hidden = tf.layers.dense(hidden, width, activation=tf.nn.relu,
-                                         name="s%d_l%d" % (stage, layer))
-            if stage == count - 1:
-                logits = tf.layers.dense(hidden, 10, name="logits")
-                loss = tf.losses.sparse_softmax_cross_entropy(y, logits)
-    return tf.train.GradientDescentOptimizer(0.01).minimize(
-        loss, global_step=tf.train.get_or_create_global_step())
 
 
 def child(args):
@@ -58,7 +37,10 @@ def child(args):
     tf.logging.set_verbosity(tf.logging.ERROR)
     epl.init(epl.Config({"pipeline.num_micro_batch": args.child_micro_batches,
                          "pipeline.num_virtual_stages": args.child_chunks}))
-    train = build_model(tf, epl, args.batch, args.width, args.layers, args.child_chunks)
+    # the same layers as 1F1B's 2 stages, cut into 2 * chunks TaskGraphs
+    _, train = pipeline.build_model(tf, epl, args.batch, args.width,
+                                    args.layers // args.child_chunks,
+                                    stages=DEVICES * args.child_chunks)
     config = tf.ConfigProto(intra_op_parallelism_threads=1,
                             inter_op_parallelism_threads=DEVICES)
     with tf.Session(config=config) as sess:
