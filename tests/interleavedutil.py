@@ -1,6 +1,7 @@
-"""The model of the interleaved-stages tests (tests/graph/test_interleaved.py,
+"""The models of the interleaved-stages tests (tests/graph/test_interleaved.py,
 tests/multiworker/test_interleaved_workers.py): four dense layers, layer i in TaskGraph
-``stage_i``, and its serial reference."""
+``stage_i``, and its serial reference; two corpus models (tests/realmodels.py) cut into
+four stages."""
 import contextlib
 
 import numpy as np
@@ -8,6 +9,7 @@ import tensorflow.compat.v1 as tf
 
 import epl
 from eplutil import CLASSES, FEATURES, HIDDEN, dataset_input, epl_paused, train_step
+from realmodels import Bert, WideDeep, no_stage
 
 TOL = 1e-5
 K = 3
@@ -44,3 +46,45 @@ def serial(x, y, batch, steps=K):
             for _ in range(steps):
                 sess.run(train)
             return dict((name, sess.run(name + ":0")) for name in NAMES)
+
+
+class Bert4(Bert):
+    """The corpus's BERT-style encoder cut into four stages: embeddings, layer 0,
+    layer 1, pooler and classifier."""
+
+    name = "bert4"
+
+    def build(self, batch, stage=no_stage):
+        ids, segments, mask, labels = batch
+        with stage(0):
+            x = self._embed(ids, segments)
+        with stage(1):
+            x = self._layer(x, mask, 0)
+        with stage(2):
+            x = self._layer(x, mask, 1)
+        with stage(3):
+            pooled = tf.layers.dense(x[:, 0], self.hidden, activation=tf.tanh, name="pooler")
+            logits = tf.layers.dense(pooled, self.classes, name="classifier")
+            return tf.losses.sparse_softmax_cross_entropy(labels, logits)
+
+
+class WideDeep4(WideDeep):
+    """The corpus's embedding model (two odd-sized tables, sparse gradients) in four
+    stages: the tables, then one dense layer each."""
+
+    name = "embedding4"
+
+    def build(self, batch, stage=no_stage):
+        user, item, dense, labels = batch
+        with stage(0):
+            users = tf.get_variable("user_table", [self.users, 7])
+            items = tf.get_variable("item_table", [self.items, 5])
+            wide = tf.reduce_sum(tf.nn.embedding_lookup(users, user), axis=1)
+            features = tf.concat([wide, tf.nn.embedding_lookup(items, item), dense], 1)
+        with stage(1):
+            hidden = tf.layers.dense(features, 9, activation=tf.nn.relu, name="deep_1")
+        with stage(2):
+            hidden = tf.layers.dense(hidden, 5, activation=tf.nn.relu, name="deep_2")
+        with stage(3):
+            logits = tf.layers.dense(hidden, self.classes, name="head")
+            return tf.losses.sparse_softmax_cross_entropy(labels, logits)
