@@ -432,10 +432,11 @@ def _warn_about(plan, config):
         LOG.warning("pipeline.strategy=%r has no effect: it orders the micro-batches of "
                     "pipeline stages, and this graph has %s; the step runs as without it",
                     config.pipeline.strategy, _no_pipeline_because(plan, stages))
-    if plan.pipeline and plan.num_micro_batch < stages:
+    devices = plan.schedule.num_stages if plan.schedule is not None else stages
+    if plan.pipeline and plan.num_micro_batch < devices:
         LOG.warning("pipeline.num_micro_batch=%d is smaller than the %d pipeline stages: "
                     "some stages will idle every step; use at least %d micro-batches",
-                    plan.num_micro_batch, stages, stages)
+                    plan.num_micro_batch, devices, devices)
 
 
 def specs_from_graph(graph):

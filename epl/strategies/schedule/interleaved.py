@@ -77,3 +77,15 @@ def interleaved(num_stages, num_micro_batch, num_virtual_stages):
     raise ScheduleError("EPL internal error: no interleaved order for %d stages, %d "
                         "micro-batches, %d virtual stages" % (
                             num_stages, num_micro_batch, num_virtual_stages))
+
+
+def chunk_in_flight(schedule, stage):
+    """Micro-batches whose activations virtual stage ``stage`` holds at once (from its F
+    to its B) in its device's order. Summed over a device's chunks this bounds the
+    device's activations from above (the chunks' peaks need not coincide)."""
+    in_flight = peak = 0
+    for action in schedule.stage(stage % schedule.num_stages):
+        if action.stage == stage:
+            in_flight += 1 if action.kind == FORWARD else (-1 if action.kind == BACKWARD else 0)
+            peak = max(peak, in_flight)
+    return peak
