@@ -77,10 +77,7 @@ class WideDeep4(WideDeep):
     def build(self, batch, stage=no_stage):
         user, item, dense, labels = batch
         with stage(0):
-            users = tf.get_variable("user_table", [self.users, 7])
-            items = tf.get_variable("item_table", [self.items, 5])
-            wide = tf.reduce_sum(tf.nn.embedding_lookup(users, user), axis=1)
-            features = tf.concat([wide, tf.nn.embedding_lookup(items, item), dense], 1)
+            features = self.features(user, item, dense)
         with stage(1):
             hidden = tf.layers.dense(features, 9, activation=tf.nn.relu, name="deep_1")
         with stage(2):
