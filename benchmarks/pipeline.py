@@ -63,8 +63,9 @@ TARGET_ZB_STEP_AT_4 = 0.90     # ZeroBubble's step / PreferBackward's at m = 4
 TARGET_ZB_GAIN_FRACTION = 0.85  # of the gain over PreferBackward the simulator predicts
 
 
-def build_model(tf, epl, batch, width, layers, features=256):
-    """Synthetic input (one pull per micro-batch) and 2 stages of dense layers."""
+def build_model(tf, epl, batch, width, layers, features=256, stages=STAGES):
+    """Synthetic input (one pull per micro-batch) and ``stages`` stages (TaskGraphs) of
+    ``layers`` dense layers each (pipeline_interleaved.py cuts the same layers finer)."""
     import numpy as np
     rng = np.random.RandomState(0)
     data = tf.data.Dataset.from_tensors(
@@ -72,12 +73,12 @@ def build_model(tf, epl, batch, width, layers, features=256):
          rng.randint(0, 10, batch).astype(np.int64))).repeat()
     x, y = tf.data.make_one_shot_iterator(data).get_next()
     hidden = x
-    for stage in range(STAGES):
+    for stage in range(stages):
         with epl.replicate(1, name="stage_%d" % stage):
             for layer in range(layers):
                 hidden = tf.layers.dense(hidden, width, activation=tf.nn.relu,
                                          name="s%d_l%d" % (stage, layer))
-            if stage == STAGES - 1:
+            if stage == stages - 1:
                 logits = tf.layers.dense(hidden, 10, name="logits")
                 loss = tf.losses.sparse_softmax_cross_entropy(y, logits)
     train = tf.train.GradientDescentOptimizer(0.01).minimize(

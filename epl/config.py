@@ -101,10 +101,12 @@ FIELDS = (
            "split layers' collectives, stays ops of each repetition); \"unrolled\" copies "
            "the stage graph per repetition; \"auto\" is \"stage_functions\"."),
     _F("pipeline", "num_virtual_stages", Kind.INT, 1, minimum=1, extension=True,
-       doc="EPL extension: model chunks per device (interleaved 1F1B: TaskGraph t on "
-           "device t mod stages). Only 1 is lowered; the schedule of larger values can be "
-           "printed and drawn (python -m epl.strategies.schedule --virtual-stages v), and "
-           "a plan with num_virtual_stages > 1 is refused."),
+       doc="EPL extension: model chunks per device (Megatron's interleaved 1F1B). With "
+           "v > 1 the graph declares S * v epl.replicate(1) pipeline stages (S >= 2) and a "
+           "model replica takes S devices: TaskGraph t runs on device t mod S, each device "
+           "running its chunks in the order of its row of the interleaved schedule (any S "
+           "and any num_micro_batch). Needs pipeline.strategy PreferBackward; split or "
+           "wider stages, ZeRO and cluster.colocate_split_and_replicate are refused."),
     _F("pipeline", "zero_bubble_memory", Kind.STR, "pipeline", choices=("pipeline", "stage"),
        extension=True,
        doc="EPL extension, for pipeline.strategy ZeroBubble: \"pipeline\" (ZB-H1) keeps "

@@ -238,13 +238,17 @@ class WideDeep(Model):
         labels = rng.randint(0, self.classes, rows).astype(np.int64)
         return user, item, dense, labels
 
+    def features(self, user, item, dense):
+        """The two tables' lookups (sparse gradients) beside the dense features."""
+        users = tf.get_variable("user_table", [self.users, 7])
+        items = tf.get_variable("item_table", [self.items, 5])
+        wide = tf.reduce_sum(tf.nn.embedding_lookup(users, user), axis=1)
+        return tf.concat([wide, tf.nn.embedding_lookup(items, item), dense], 1)
+
     def build(self, batch, stage=no_stage):
         user, item, dense, labels = batch
         with stage(0):
-            users = tf.get_variable("user_table", [self.users, 7])
-            items = tf.get_variable("item_table", [self.items, 5])
-            wide = tf.reduce_sum(tf.nn.embedding_lookup(users, user), axis=1)
-            features = tf.concat([wide, tf.nn.embedding_lookup(items, item), dense], 1)
+            features = self.features(user, item, dense)
             hidden = tf.layers.dense(features, 9, activation=tf.nn.relu, name="deep_1")
         with stage(1):
             hidden = tf.layers.dense(hidden, 5, activation=tf.nn.relu, name="deep_2")

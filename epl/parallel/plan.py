@@ -20,6 +20,7 @@ import logging
 from epl.cluster import layout as _layout
 from epl.config import default_of
 from epl.parallel import mesh as _mesh
+from epl.parallel import virtual_stages as _virtual
 from epl.strategies import schedule as _schedule
 
 LOG = logging.getLogger("epl")
@@ -194,6 +195,9 @@ def _describe(plan):
     if plan.stages:
         lines.append("  pipeline: %d stages, %d micro-batch(es), schedule %s"
                      % (len(plan.stages), plan.num_micro_batch, plan.strategy))
+        interleaved = _virtual.describe(plan.schedule)
+        if interleaved:
+            lines.append(interleaved)
     if plan.micro_batching is not None:
         lines.append("  %s: %s" % ("micro-batches" if plan.pipeline else "local replicas",
                                    describe_micro_batching(plan.micro_batching)))
@@ -251,16 +255,7 @@ def make_plan(config, cluster, specs):
     specs = list(specs)
     if not specs:
         raise PlanError("the graph has no TaskGraphs; build the model after epl.init()")
-    _refuse_virtual_stages(config)
-    names = [s.name for s in specs]
-    colocate = config.cluster.colocate_split_and_replicate
-    try:
-        layout = _layout.replica_layout(
-            cluster.worker_num, cluster.gpu_num_per_worker, [s.device_count for s in specs],
-            prefer_intra_node=config.cluster.device_place_prefer_intra_node,
-            colocate=colocate, names=names)
-    except _layout.LayoutError as err:
-        raise PlanError(str(err))
+    layout = _replica_layout(config, cluster, specs)
     worker_of = dict((cluster.device(w, d), w) for w in range(cluster.worker_num)
                      for d in range(cluster.gpu_num_per_worker))
     taskgraphs = tuple(_taskgraph_plan(index, spec, layout, cluster, worker_of)
@@ -268,7 +263,8 @@ def make_plan(config, cluster, specs):
     hosts = tuple(cluster.worker_cpu(w) for w in range(cluster.worker_num))
     plan = Plan(cluster.worker_num, cluster.gpu_num_per_worker, cluster.device_type,
                 len(layout), taskgraphs, config.pipeline.num_micro_batch,
-                config.pipeline.strategy, None, colocate, worker_of, hosts, None)
+                config.pipeline.strategy, None, config.cluster.colocate_split_and_replicate,
+                worker_of, hosts, None)
     _check_widths(plan)
     if not plan.aligned and config.zero.level:
         raise PlanError(
@@ -287,7 +283,37 @@ def make_plan(config, cluster, specs):
     return plan
 
 
+def _replica_layout(config, cluster, specs):
+    """``layout[replica][taskgraph]``: the cluster layout, or with interleaved stages
+    (pipeline.num_virtual_stages > 1) TaskGraph t on device t mod S of each replica."""
+    names = [s.name for s in specs]
+    colocate = config.cluster.colocate_split_and_replicate
+    chunks = _virtual.chunks_of(config)
+    try:
+        if chunks > 1:
+            return _virtual.layout(cluster, config.cluster.device_place_prefer_intra_node,
+                                   _virtual.check(config, specs), names)
+        return _layout.replica_layout(
+            cluster.worker_num, cluster.gpu_num_per_worker, [s.device_count for s in specs],
+            prefer_intra_node=config.cluster.device_place_prefer_intra_node,
+            colocate=colocate, names=names)
+    except _virtual.VirtualStagesError as err:
+        raise PlanError(str(err))
+    except _layout.LayoutError as err:
+        if chunks > 1:
+            total = cluster.worker_num * cluster.gpu_num_per_worker
+            raise PlanError("%s=%d places the %d TaskGraphs on %d devices per replica, and the "
+                            "job has %d device(s) (%d worker(s) x %d); use a multiple of %d "
+                            "devices" % (_virtual.KEY, chunks, len(specs), len(specs) // chunks,
+                                         total, cluster.worker_num, cluster.gpu_num_per_worker,
+                                         len(specs) // chunks))
+        raise PlanError(str(err))
+
+
 def _schedule_for(config, plan):
+    chunks = _virtual.chunks_of(config)
+    if chunks > 1:
+        return _schedule.interleaved(len(plan.stages) // chunks, plan.num_micro_batch, chunks)
     options = {}
     if plan.strategy == _schedule.ZERO_BUBBLE:
         options["memory"] = config.pipeline.zero_bubble_memory
@@ -310,18 +336,6 @@ def _local_replicas(plan):
     """True when some worker builds two or more copies (data-parallel replicas, or
     the positions of stages k devices wide)."""
     return any(len(plan.copies_of(w)) > 1 for w in range(plan.worker_num))
-
-
-def _refuse_virtual_stages(config):
-    """Interleaved stages exist as a schedule (epl.strategies.schedule.interleaved), not
-    yet as a lowering: refused naming the key rather than run as plain 1F1B."""
-    chunks = config.pipeline.num_virtual_stages
-    if chunks > 1:
-        raise PlanError(
-            "pipeline.num_virtual_stages=%d (interleaved stages: TaskGraph t on device t mod "
-            "the number of devices) is not lowered in this EPL version; set it to 1. Its "
-            "schedule can be printed and drawn: python -m epl.strategies.schedule --stages S "
-            "--micro-batches M --virtual-stages %d" % (chunks, chunks))
 
 
 def _check_widths(plan):
@@ -418,10 +432,11 @@ def _warn_about(plan, config):
         LOG.warning("pipeline.strategy=%r has no effect: it orders the micro-batches of "
                     "pipeline stages, and this graph has %s; the step runs as without it",
                     config.pipeline.strategy, _no_pipeline_because(plan, stages))
-    if plan.pipeline and plan.num_micro_batch < stages:
+    devices = plan.schedule.num_stages if plan.schedule is not None else stages
+    if plan.pipeline and plan.num_micro_batch < devices:
         LOG.warning("pipeline.num_micro_batch=%d is smaller than the %d pipeline stages: "
                     "some stages will idle every step; use at least %d micro-batches",
-                    plan.num_micro_batch, stages, stages)
+                    plan.num_micro_batch, devices, devices)
 
 
 def specs_from_graph(graph):

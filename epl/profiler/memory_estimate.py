@@ -30,7 +30,7 @@ Example::
 """
 import collections
 
-from epl.strategies.schedule import peak_in_flight
+from epl.strategies.schedule import chunk_in_flight, peak_in_flight
 
 _ALIASES = frozenset(["Identity", "Reshape", "ExpandDims", "Squeeze", "Snapshot", "StopGradient",
                       "RefIdentity", "ReadVariableOp"])
@@ -140,6 +140,8 @@ def in_flight(plan, stage):
     runs one micro-batch per session run)."""
     if not plan.pipeline:
         return 1
+    if plan.schedule is not None and plan.schedule.num_virtual_stages > 1:
+        return chunk_in_flight(plan.schedule, stage)  # interleaved: this chunk's own
     if plan.schedule is not None:  # counts F to W when the backward is split (ZeroBubble)
         return peak_in_flight(plan.schedule)[stage]
     if plan.strategy == "PreferForward":

@@ -142,6 +142,18 @@ def test_pipeline_stages_hold_their_in_flight_micro_batches():
     assert acts["ZeroBubble", "stage"] == [2 * per_stage, 1 * per_stage]
 
 
+def test_interleaved_chunks_add_their_own_in_flight_micro_batches_per_device():
+    """Four TaskGraphs on two devices (pipeline.num_virtual_stages=2, m = 4): each chunk
+    holds its own micro-batches from F to B in its device's order (device 0's chunks 0
+    and 2: 4 and 2, device 1's chunks 1 and 3: 3 and 1); a device adds its chunks'."""
+    config = Config({"pipeline.num_micro_batch": 4, "pipeline.num_virtual_stages": 2})
+    plan = _plan(config, devices=2, specs=(("replicate", 1),) * 4)
+    assert [me.in_flight(plan, t) for t in range(4)] == [4, 3, 2, 1]
+    acts = [d.activations for d in me.estimate(_profile(count=4, taskgraphs=4), plan, config)
+            .devices.values()]
+    assert acts == [(4 + 2) * 3 * MB, (3 + 1) * 3 * MB]
+
+
 def test_gradient_accumulation_keeps_gradient_sized_buffers():
     config = Config({"pipeline.num_micro_batch": 4})
     device = _only(me.estimate(_profile(), _plan(config), config))

@@ -124,10 +124,47 @@ def test_command_line_and_picture(capsys, tmp_path):
                      ["--stages", "2", "--micro-batches", "4", "--virtual-stages", "2"])
 
 
-def test_plan_refuses_virtual_stages_naming_the_key():
-    specs = [TaskGraphSpec("stage_%d" % i, "replicate", 1) for i in range(4)]
-    with pytest.raises(PlanError, match=r"pipeline.num_virtual_stages=2 .*not lowered.*"
-                                        r"--virtual-stages 2"):
+def _specs(count, kinds=None):
+    return [TaskGraphSpec("stage_%d" % i, (kinds or {}).get(i, "replicate"), 1)
+            for i in range(count)]
+
+
+def _interleaved_plan(devices, count=4, micro_batches=4, **settings):
+    settings.setdefault("pipeline.num_virtual_stages", 2)
+    settings["pipeline.num_micro_batch"] = micro_batches
+    return make_plan(Config(settings), _local(devices), _specs(count))
+
+
+def test_plan_places_taskgraph_t_on_device_t_mod_s_and_interleaves():
+    plan = _interleaved_plan(2, micro_batches=3)
+    assert plan.num_replicas == 1 and plan.stages == (0, 1, 2, 3)
+    assert [plan.device_of(t, 0, 0)[-1] for t in range(4)] == ["0", "1", "0", "1"]
+    assert plan.schedule == interleaved(2, 3, 2)
+    assert "interleaved: 2 devices x 2 virtual stages" in str(plan)
+    two = _interleaved_plan(4, count=6, micro_batches=5, **{"pipeline.num_virtual_stages": 3})
+    assert two.num_replicas == 2 and two.schedule == interleaved(2, 5, 3)
+    assert [two.device_of(t, 1, 0)[-1] for t in range(6)] == ["2", "3"] * 3
+
+
+@pytest.mark.parametrize("count,devices,settings,message", [
+    (3, 4, {}, r"needs S \* 2 pipeline TaskGraphs .* has 3 TaskGraph"),
+    (2, 2, {}, r"with S >= 2 devices per replica.* has 2 TaskGraph"),
+    (4, 3, {}, r"places the 4 TaskGraphs on 2 devices per replica, and the job has 3"),
+    (4, 2, {"pipeline.strategy": "ZeroBubble"}, r"pipeline.strategy='ZeroBubble'"),
+    (4, 2, {"pipeline.strategy": "PreferForward"}, r"pipeline.strategy='PreferForward'"),
+    (4, 2, {"zero.level": "v1"}, r"zero.level='v1'"),
+    (4, 2, {"cluster.colocate_split_and_replicate": True}, r"colocate_split_and_replicate"),
+])
+def test_plan_refuses_what_interleaved_stages_do_not_lower(count, devices, settings, message):
+    with pytest.raises(PlanError, match=r"pipeline.num_virtual_stages=2 .*" + message):
+        _interleaved_plan(devices, count=count, **settings)
+
+
+def test_plan_refuses_split_stages_with_virtual_stages():
+    specs = _specs(4)
+    specs[1] = TaskGraphSpec("stage_1", "split", 2)
+    with pytest.raises(PlanError, match=r"every pipeline TaskGraph to be epl.replicate\(1\).*"
+                                        r"stage_1: split\(2\)"):
         make_plan(Config({"pipeline.num_virtual_stages": 2, "pipeline.num_micro_batch": 4}),
                   _local(4), specs)
 

@@ -35,18 +35,19 @@ class ScheduleLowering(Pass):
         return ctx.plan.pipeline
 
     def run(self, ctx):
-        stages = len(ctx.plan.stages)
         schedule = ctx.plan.schedule
         validate(schedule)
         ctx.program.schedule = schedule
         for copy in range(len(ctx.copies)):
             entrances, exits = ctx.repetition.boundaries(ctx, copy)
             ctx.program.boundaries.append((entrances, exits))
-            for stage in range(stages):
+            # One row per device: a stage's own, or with interleaved stages every chunk
+            # the device holds (actions of virtual stages d, d + S, ...), in one order.
+            for row in range(schedule.num_stages):
                 # An action with no ops (stage 0's B when its backward is split: no
                 # stage before it waits for input gradients) orders nothing; the
                 # actions on either side of it are chained directly.
-                actions = [a for a in schedule.stage(stage)
+                actions = [a for a in schedule.stage(row)
                            if _key(a) in entrances or _key(a) in exits]
                 for before, after in zip(actions, actions[1:]):
                     _order(ctx, copy, before, after, entrances, exits)
@@ -60,11 +61,12 @@ def _key(action):
 
 
 def _action_rank(ctx, schedule):
-    """``rank(op)``: ((stage, copy), position of the op's action in its stage's
-    schedule) for the forward and backward ops of a stage, else None."""
+    """``rank(op)``: ((row, copy), position of the op's action in its row of the
+    schedule) for the forward and backward ops of a stage, else None. A row is a
+    stage's device (with interleaved stages, every chunk on it)."""
     stages = list(ctx.plan.stages)
-    positions = dict((_key(action), index) for stage in range(len(stages))
-                     for index, action in enumerate(schedule.stage(stage)))
+    positions = dict((_key(action), (row, index)) for row in range(schedule.num_stages)
+                     for index, action in enumerate(schedule.stage(row)))
     weights = ctx.repetition.weight_parts(ctx)
     kinds = {Phase.FORWARD: "F", Phase.BACKWARD: "B"}
 
@@ -74,8 +76,8 @@ def _action_rank(ctx, schedule):
             return None
         stage = stages.index(info.taskgraph)
         kind = kind_of(kinds[info.phase], info.origin or op.name, weights)
-        position = positions.get((stage, kind, info.micro_batch))
-        return None if position is None else ((stage, info.copy), position)
+        place = positions.get((stage, kind, info.micro_batch))
+        return None if place is None else ((place[0], info.copy), place[1])
     return rank
 
 

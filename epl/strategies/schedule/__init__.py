@@ -35,6 +35,7 @@ from epl.strategies.schedule.core import (  # noqa: F401
     prefer_backward, prefer_forward, simulate, to_grid, zero_bubble)
 from epl.strategies.schedule.validation import validate  # noqa: F401
 from epl.strategies.schedule.memory import memory_units, split_stages  # noqa: F401
-from epl.strategies.schedule.interleaved import INTERLEAVED, interleaved  # noqa: F401
+from epl.strategies.schedule.interleaved import (  # noqa: F401
+    INTERLEAVED, chunk_in_flight, interleaved)
 from epl.strategies.schedule import timed  # noqa: F401
 from epl.strategies.schedule.picture import main, save_png  # noqa: F401

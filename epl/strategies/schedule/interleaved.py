@@ -16,8 +16,9 @@ Megatron's warm-up such an order can stall (S = 5, M = 7, v = 2) or take longer 
 1F1B (S = 3, M = 4, v = 2: 18.5 units against 18), so the builder adds the fewest
 warm-up forwards, on every device, with which the order runs to the end and takes no
 longer than 1F1B with equal F, B and W times (``timed.makespan``; more warm-up costs
-activation memory, ``peak_in_flight``). Plain data, no TensorFlow; EPL does not lower
-it yet (``pipeline.num_virtual_stages`` > 1 is refused by the plan).
+activation memory, ``peak_in_flight``). Plain data, no TensorFlow; the plan places the
+TaskGraphs (:mod:`epl.parallel.virtual_stages`) and the schedule lowering chains each
+row's actions on its device (``pipeline.num_virtual_stages`` > 1).
 """
 from epl.strategies.schedule import timed
 from epl.strategies.schedule.core import (
@@ -76,3 +77,15 @@ def interleaved(num_stages, num_micro_batch, num_virtual_stages):
     raise ScheduleError("EPL internal error: no interleaved order for %d stages, %d "
                         "micro-batches, %d virtual stages" % (
                             num_stages, num_micro_batch, num_virtual_stages))
+
+
+def chunk_in_flight(schedule, stage):
+    """Micro-batches whose activations virtual stage ``stage`` holds at once (from its F
+    to its B) in its device's order. Summed over a device's chunks this bounds the
+    device's activations from above (the chunks' peaks need not coincide)."""
+    in_flight = peak = 0
+    for action in schedule.stage(stage % schedule.num_stages):
+        if action.stage == stage:
+            in_flight += 1 if action.kind == FORWARD else (-1 if action.kind == BACKWARD else 0)
+            peak = max(peak, in_flight)
+    return peak
