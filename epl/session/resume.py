@@ -35,6 +35,7 @@ import threading
 import time
 import weakref
 
+from epl import tf_adapter
 from epl.ir.traverse import ancestors
 from epl.session import snapshot_store as store
 from epl.session.faults import ResumeMismatchError
@@ -44,6 +45,9 @@ LOG = logging.getLogger("epl")
 
 SnapshotSettings = collections.namedtuple("SnapshotSettings", ["directory", "every", "keep"])
 SnapshotSettings.__doc__ = """checkpoint.snapshot_dir, snapshot_steps and snapshot_keep."""
+# The model's data file has no CRC-32 in the manifest: its index (which has one) records
+# each tensor's CRC32C, and a resume has TF read the tensors back (snapshot_store.problem)
+MODEL_DATA = "model.data-"
 InputState = collections.namedtuple("InputState", ["name", "saver", "state"])
 InputState.__doc__ = """One tf.data iterator: its op ``name``, the Saver of its state and
 the serialized ``state`` tensor (run once at start to check that it can be saved)."""
@@ -176,7 +180,7 @@ class Snapshots(object):
     def _resume(self, session, program, run, record, state):
         root = record.settings.directory
         before = _value(run, session, record.global_step)
-        step, manifests = store.choose(root)
+        step, manifests = store.choose(root, verify=_checkpoint_problem)
         restored = None
         if step is not None:
             state.skipped = self._unsaveable_inputs(session, run, record)
@@ -235,7 +239,8 @@ class Snapshots(object):
         files = [name for name in os.listdir(directory)
                  if name.startswith(tuple(prefixes)) and "tempstate" not in name]
         store.commit_part(root, step, record.worker, record.writers, files,
-                          extra={"inputs": inputs})
+                          extra={"inputs": inputs},
+                          self_checked=[name for name in files if name.startswith(MODEL_DATA)])
         if record.model_saver is not None:
             store.prune(root, record.settings.keep)
         seconds = time.time() - start
@@ -294,6 +299,12 @@ def error_reason(err):
     lines = [line.strip() for line in str(err).split("\n") if line.strip()]
     said = [line for line in lines if not (line.startswith("From /job:") and line.endswith(":"))]
     return (said or lines or [""])[0]
+
+
+def _checkpoint_problem(data_path):
+    """What is wrong with the TF checkpoint whose data file is ``data_path`` (the
+    model's: every tensor read back, which checks its CRC32C), or None."""
+    return tf_adapter.checkpoint_problem(data_path.rsplit(".data-", 1)[0])
 
 
 def _input_prefix(record, index):
