@@ -83,6 +83,7 @@ class _SessionState(object):
         # input names whose state is not saved; None until known: a resume checks each
         # input before it restores, a fresh job's first snapshot finds out by saving
         self.skipped = None
+        self.committing = None  # the step-0 snapshot's _Commit while the first run runs
 
 
 def _value(run, session, tensor):
@@ -121,6 +122,9 @@ class Snapshots(object):
         state = self._sessions.get(session)
         record = program.snapshot
         state.runs += 1
+        if state.committing is not None:  # the step-0 snapshot, finished while this run ran
+            committing, state.committing = state.committing, None
+            committing.join()
         if state.runs % (record.settings.every * record.runs_per_step) == 0:
             self._write(session, run, record, state)
 
@@ -203,7 +207,7 @@ class Snapshots(object):
         if step is None:
             # Where this job starts is a snapshot too: a kill before the first periodic
             # one resumes here, not from a user's checkpoint without its input position.
-            self._write(session, run, record, state)
+            self._write(session, run, record, state, background=True)
 
     def _restore(self, session, run, record, state, step, manifests):
         """Restore this worker's inputs and (worker 0) the model; returns (saver, path)
@@ -230,7 +234,10 @@ class Snapshots(object):
         return record.model_saver, path
 
     # ---- write -----------------------------------------------------------------------
-    def _write(self, session, run, record, state):
+    def _write(self, session, run, record, state, background=False):
+        """Save this worker's part of a snapshot of the current step, then commit it
+        (flush, checksums, manifest). ``background``: the commit runs on a thread while
+        the next run computes (the step-0 snapshot: see _Commit)."""
         start = time.time()
         root = record.settings.directory
         step = _value(run, session, record.global_step)
@@ -238,14 +245,21 @@ class Snapshots(object):
         inputs, prefixes = self._save(session, run, record, state, directory)
         files = [name for name in os.listdir(directory)
                  if name.startswith(tuple(prefixes)) and "tempstate" not in name]
-        store.commit_part(root, step, record.worker, record.writers, files,
-                          extra={"inputs": inputs},
-                          self_checked=[name for name in files if name.startswith(MODEL_DATA)])
-        if record.model_saver is not None:
-            store.prune(root, record.settings.keep)
-        seconds = time.time() - start
-        self.written.append((step, seconds))
-        LOG.info("EPL: snapshot of step %d written to %s in %.2f s", step, directory, seconds)
+
+        def commit():
+            store.commit_part(root, step, record.worker, record.writers, files,
+                              extra={"inputs": inputs},
+                              self_checked=[n for n in files if n.startswith(MODEL_DATA)])
+            if record.model_saver is not None:
+                store.prune(root, record.settings.keep)
+            seconds = time.time() - start
+            self.written.append((step, seconds))
+            LOG.info("EPL: snapshot of step %d written to %s in %.2f s", step, directory,
+                     seconds)
+        if background:
+            state.committing = _Commit(commit, step)
+        else:
+            commit()
 
     def _save(self, session, run, record, state, directory):
         """Save this worker's part into ``directory``; returns ({input name: file
@@ -290,6 +304,34 @@ class Snapshots(object):
             _run_save(session, run, record.model_saver, os.path.join(directory, "model"))
             prefixes.append("model.")
         return inputs, prefixes
+
+
+class _Commit(object):
+    """The commit of the step-0 snapshot (flushing its files to disk, checksums of the
+    small ones, the manifest) on a thread, while the first training run computes: the
+    files were saved before that run started, and no run changes them. The first run
+    joins it before it returns (Snapshots.after_run), so every step a program has seen
+    complete has the snapshot of where the job started; a kill before that leaves no
+    manifest, as a kill during set-up does, and the job starts again from its own
+    set-up. An error is raised there, and logged here in case that run fails first."""
+
+    def __init__(self, work, step):
+        self.error = None
+        self._thread = threading.Thread(target=self._run, args=(work, step),
+                                        name="epl-snapshot-commit-%d" % step)
+        self._thread.start()
+
+    def _run(self, work, step):
+        try:
+            work()
+        except BaseException as err:  # pylint: disable=broad-except (re-raised at join)
+            self.error = err
+            LOG.error("EPL: the snapshot of step %d could not be committed: %s", step, err)
+
+    def join(self):
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def error_reason(err):
