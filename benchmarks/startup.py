@@ -38,6 +38,7 @@ with what ``epl.init`` selects (TF's BFC allocator for CPU jobs) unless
     .venv/bin/python benchmarks/startup.py                 # the whole corpus
     .venv/bin/python benchmarks/startup.py --quick         # plain TF and the default pipeline
     .venv/bin/python benchmarks/startup.py --shapes bert --rows plain,pipe/stage_functions
+    .venv/bin/python benchmarks/startup.py --rows plain,plain+ckpt   # TF's own step-0 save
     .venv/bin/python benchmarks/startup.py --baseline /tmp/epl-main   # before/after a change
 
 ``--baseline DIR`` (a checkout of the code before a change, its op library built)
@@ -52,9 +53,12 @@ Writes benchmarks/results/startup.{json,md}; ``--merge`` keeps the rows not run
 this time from the JSON already there.
 """
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -63,9 +67,10 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 
 FUNCTIONS, UNROLLED = "stage_functions", "unrolled"
-ROWS = ("plain", "pipe/" + FUNCTIONS, "pipe/" + UNROLLED, "dp/" + FUNCTIONS, "dp/" + UNROLLED,
-        "ga")
+ROWS = ("plain", "plain+ckpt", "pipe/" + FUNCTIONS, "pipe/" + UNROLLED, "dp/" + FUNCTIONS,
+        "dp/" + UNROLLED, "ga")
 QUICK_ROWS = ("plain", "pipe/" + FUNCTIONS)
+PLAIN_CHECKPOINT = "plain+ckpt"  # plain TF with MonitoredTrainingSession(checkpoint_dir=...)
 SHAPES = ("mid", "bert", "resnet", "moe")  # shapes.SHAPES also has bert_mid (issue 41's question)
 PHASES = ("build", "session", "first_run")
 BEFORE, CURRENT = "before", "after"  # with --baseline: its code, this checkout's
@@ -156,18 +161,18 @@ def child(args):
     log, phases = [], Phases()
     _record_runs(log)
     epl_path = None
-    if args.mode != "plain":
+    if not is_plain(args.mode):
         import epl  # imported before timing, as a user's script does
         epl_path = os.path.dirname(os.path.dirname(os.path.abspath(epl.__file__)))
         _time_rewrite(phases)
     started = phases.start()
-    built = shapes.train_op(tf, args.shape, args.mode, args.lowering, args.micro_batches,
-                            launched=args.launched)
+    built = shapes.train_op(tf, args.shape, "plain" if is_plain(args.mode) else args.mode,
+                            args.lowering, args.micro_batches, launched=args.launched)
     phases.stop("build", started)
     ops_before = len(tf.get_default_graph().get_operations())
     config = tf.ConfigProto(device_count={"CPU": built.devices})
     started = phases.start()
-    sess = tf.train.MonitoredTrainingSession(config=config)
+    sess = tf.train.MonitoredTrainingSession(config=config, **_checkpoint_arguments(args))
     phases.stop("session", started)
     session_runs = len(log)
     started = phases.start()
@@ -189,9 +194,28 @@ def child(args):
         steady_cpu=statistics.median(step_cpu) if step_cpu else None,
         session_runs=session_runs, run_signatures=len(set(r["signature"] for r in log)),
         runs=log[:first_runs],
-        lowering=_lowering(tf) if args.mode != "plain" else None,
+        lowering=_lowering(tf) if not is_plain(args.mode) else None,
         allocator=os.environ.get(common.BFC_VARIABLE, "unset"), epl_path=epl_path,
         other_cpu_seconds=phases.other_cpu_seconds(), **_graph_counts(tf)))
+
+
+def is_plain(mode):
+    """Plain TF rows: without EPL, with or without TF's own checkpoints."""
+    return mode in ("plain", PLAIN_CHECKPOINT)
+
+
+def _checkpoint_arguments(args):
+    """MonitoredTrainingSession's arguments of the row: ``plain+ckpt`` gives a
+    ``checkpoint_dir`` (a new temporary one, deleted at exit), whose CheckpointSaverHook
+    saves the graph, the meta graph and a checkpoint of step 0 at session creation, as
+    EPL's step-0 snapshot saves the state at the first run; TF's summaries and step
+    counter stay off, so the row differs from ``plain`` by the checkpoints only."""
+    if args.mode != PLAIN_CHECKPOINT:
+        return {}
+    directory = tempfile.mkdtemp(prefix="epl_bench_ckpt_")
+    atexit.register(shutil.rmtree, directory, True)
+    return dict(checkpoint_dir=directory, save_summaries_steps=None, save_summaries_secs=None,
+                log_step_count_steps=None)
 
 
 # ---- driver -------------------------------------------------------------------------
@@ -212,7 +236,7 @@ def run_row(args, shape, row, code=None):
         env[common.BFC_VARIABLE] = "1" if args.allocator == "bfc" else "0"
     load = common.load_average()
     what = "%s %s" % (shape, row)
-    if not args.in_process and mode != "plain":
+    if not args.in_process and not is_plain(mode):
         result = _launched(argv[2:] + ["--launched"], shapes_devices(mode), env, drop, what)
     else:
         result = common.run_single(argv, TIMEOUT, what, extra_env=env, drop_env=drop)
@@ -247,7 +271,7 @@ def first_step(run):
 def sides(args, row, repeat):
     """The code each EPL configuration runs with: this checkout, or with ``--baseline``
     the baseline and this checkout, in turn (the order swaps every repeat)."""
-    if not args.baseline or row == "plain":
+    if not args.baseline or is_plain(row):
         return [CURRENT]
     return [BEFORE, CURRENT] if repeat % 2 == 0 else [CURRENT, BEFORE]
 
@@ -332,7 +356,7 @@ def table_rows(records):
     for record in records:
         run, plain = record["run"], record.get("plain")
         mode, _, lowering = record["row"].partition("/")
-        mode += " (in-process)" if not record.get("launched") and mode != "plain" else ""
+        mode += " (in-process)" if not record.get("launched") and not is_plain(mode) else ""
         mode += " [before]" if record.get("side") == BEFORE else ""
         head = [record["shape"], mode, (run.get("lowering") or lowering or "-")
                 + (" (default)" if record.get("default") else "")]
@@ -354,7 +378,7 @@ def records_of(runs, args):
                 run = best(runs[(shape, row, side)])
                 records.append(dict(shape=shape, row=row, run=run, plain=plain, side=side,
                                     default=_is_default(row, run),
-                                    launched=not args.in_process and row != "plain"))
+                                    launched=not args.in_process and not is_plain(row)))
     return records
 
 
@@ -372,7 +396,9 @@ def markdown(payload):
             info["command"], info["date"], info["git_revision"], info["cpu_model"],
             info["cpu_count"], info["loadavg_start"]))
     lines += [
-        "- Global batch per step the same in every mode: plain = TF alone on one device; pipe = "
+        "- Global batch per step the same in every mode: plain = TF alone on one device "
+        "(plain+ckpt: with MonitoredTrainingSession(checkpoint_dir=...), whose hook saves "
+        "the graph, the meta graph and a step-0 checkpoint at session creation); pipe = "
         "2 stages x %d micro-batches; dp = 2 local replicas; ga = %d accumulated runs on one "
         "device (its first run and steady step are %d runs)"
         % ((payload["micro_batches"],) * 3),

@@ -154,6 +154,23 @@ def serialize_iterator(resource):
     return _impl.serialize_iterator(tf, resource)
 
 
+def checkpoint_problem(prefix):
+    """None when every tensor of checkpoint ``prefix`` reads back, else TF's error (its
+    first line). Reading a tensor checks the CRC32C its bundle's index records for it,
+    so a checkpoint whose index is intact needs no checksum of its data file of its own.
+    Variant tensors (an iterator saved in SAVEABLE_OBJECTS) cannot be read here; a
+    restore still checks them, and fails loudly on damage."""
+    try:
+        reader = tf.train.NewCheckpointReader(prefix)
+        for name, dtype in sorted(reader.get_variable_to_dtype_map().items()):
+            if dtype != tf.variant:
+                reader.get_tensor(name)
+    except Exception as err:  # pylint: disable=broad-except (any TF error: a problem)
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        return "%s: %s" % (type(err).__name__, lines[0] if lines else "")
+    return None
+
+
 def rebuild_saver(saver, var_list):
     """A Saver over ``var_list`` with ``saver``'s options; returns its SaverDef."""
     rebuilt = tf.train.Saver(var_list, sharded=saver._sharded, max_to_keep=saver._max_to_keep,

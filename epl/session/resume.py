@@ -35,6 +35,7 @@ import threading
 import time
 import weakref
 
+from epl import tf_adapter
 from epl.ir.traverse import ancestors
 from epl.session import snapshot_store as store
 from epl.session.faults import ResumeMismatchError
@@ -44,6 +45,9 @@ LOG = logging.getLogger("epl")
 
 SnapshotSettings = collections.namedtuple("SnapshotSettings", ["directory", "every", "keep"])
 SnapshotSettings.__doc__ = """checkpoint.snapshot_dir, snapshot_steps and snapshot_keep."""
+# The model's data file has no CRC-32 in the manifest: its index (which has one) records
+# each tensor's CRC32C, and a resume has TF read the tensors back (snapshot_store.problem)
+MODEL_DATA = "model.data-"
 InputState = collections.namedtuple("InputState", ["name", "saver", "state"])
 InputState.__doc__ = """One tf.data iterator: its op ``name``, the Saver of its state and
 the serialized ``state`` tensor (run once at start to check that it can be saved)."""
@@ -79,6 +83,7 @@ class _SessionState(object):
         # input names whose state is not saved; None until known: a resume checks each
         # input before it restores, a fresh job's first snapshot finds out by saving
         self.skipped = None
+        self.committing = None  # the step-0 snapshot's _Commit while the first run runs
 
 
 def _value(run, session, tensor):
@@ -117,6 +122,9 @@ class Snapshots(object):
         state = self._sessions.get(session)
         record = program.snapshot
         state.runs += 1
+        if state.committing is not None:  # the step-0 snapshot, finished while this run ran
+            committing, state.committing = state.committing, None
+            committing.join()
         if state.runs % (record.settings.every * record.runs_per_step) == 0:
             self._write(session, run, record, state)
 
@@ -176,7 +184,7 @@ class Snapshots(object):
     def _resume(self, session, program, run, record, state):
         root = record.settings.directory
         before = _value(run, session, record.global_step)
-        step, manifests = store.choose(root)
+        step, manifests = store.choose(root, verify=_checkpoint_problem)
         restored = None
         if step is not None:
             state.skipped = self._unsaveable_inputs(session, run, record)
@@ -199,7 +207,7 @@ class Snapshots(object):
         if step is None:
             # Where this job starts is a snapshot too: a kill before the first periodic
             # one resumes here, not from a user's checkpoint without its input position.
-            self._write(session, run, record, state)
+            self._write(session, run, record, state, background=True)
 
     def _restore(self, session, run, record, state, step, manifests):
         """Restore this worker's inputs and (worker 0) the model; returns (saver, path)
@@ -226,7 +234,10 @@ class Snapshots(object):
         return record.model_saver, path
 
     # ---- write -----------------------------------------------------------------------
-    def _write(self, session, run, record, state):
+    def _write(self, session, run, record, state, background=False):
+        """Save this worker's part of a snapshot of the current step, then commit it
+        (flush, checksums, manifest). ``background``: the commit runs on a thread while
+        the next run computes (the step-0 snapshot: see _Commit)."""
         start = time.time()
         root = record.settings.directory
         step = _value(run, session, record.global_step)
@@ -234,13 +245,21 @@ class Snapshots(object):
         inputs, prefixes = self._save(session, run, record, state, directory)
         files = [name for name in os.listdir(directory)
                  if name.startswith(tuple(prefixes)) and "tempstate" not in name]
-        store.commit_part(root, step, record.worker, record.writers, files,
-                          extra={"inputs": inputs})
-        if record.model_saver is not None:
-            store.prune(root, record.settings.keep)
-        seconds = time.time() - start
-        self.written.append((step, seconds))
-        LOG.info("EPL: snapshot of step %d written to %s in %.2f s", step, directory, seconds)
+
+        def commit():
+            store.commit_part(root, step, record.worker, record.writers, files,
+                              extra={"inputs": inputs},
+                              self_checked=[n for n in files if n.startswith(MODEL_DATA)])
+            if record.model_saver is not None:
+                store.prune(root, record.settings.keep)
+            seconds = time.time() - start
+            self.written.append((step, seconds))
+            LOG.info("EPL: snapshot of step %d written to %s in %.2f s", step, directory,
+                     seconds)
+        if background:
+            state.committing = _Commit(commit, step)
+        else:
+            commit()
 
     def _save(self, session, run, record, state, directory):
         """Save this worker's part into ``directory``; returns ({input name: file
@@ -287,6 +306,34 @@ class Snapshots(object):
         return inputs, prefixes
 
 
+class _Commit(object):
+    """The commit of the step-0 snapshot (flushing its files to disk, checksums of the
+    small ones, the manifest) on a thread, while the first training run computes: the
+    files were saved before that run started, and no run changes them. The first run
+    joins it before it returns (Snapshots.after_run), so every step a program has seen
+    complete has the snapshot of where the job started; a kill before that leaves no
+    manifest, as a kill during set-up does, and the job starts again from its own
+    set-up. An error is raised there, and logged here in case that run fails first."""
+
+    def __init__(self, work, step):
+        self.error = None
+        self._thread = threading.Thread(target=self._run, args=(work, step),
+                                        name="epl-snapshot-commit-%d" % step)
+        self._thread.start()
+
+    def _run(self, work, step):
+        try:
+            work()
+        except BaseException as err:  # pylint: disable=broad-except (re-raised at join)
+            self.error = err
+            LOG.error("EPL: the snapshot of step %d could not be committed: %s", step, err)
+
+    def join(self):
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 def error_reason(err):
     """The first line of a TF error that says what went wrong: errors that come back from
     another task of a distributed session start with a line "From /job:worker/...:" that
@@ -294,6 +341,12 @@ def error_reason(err):
     lines = [line.strip() for line in str(err).split("\n") if line.strip()]
     said = [line for line in lines if not (line.startswith("From /job:") and line.endswith(":"))]
     return (said or lines or [""])[0]
+
+
+def _checkpoint_problem(data_path):
+    """What is wrong with the TF checkpoint whose data file is ``data_path`` (the
+    model's: every tensor read back, which checks its CRC32C), or None."""
+    return tf_adapter.checkpoint_problem(data_path.rsplit(".data-", 1)[0])
 
 
 def _input_prefix(record, index):

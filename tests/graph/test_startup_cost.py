@@ -5,6 +5,8 @@ one copy runs no extra TF run before its first step but EPL's own set-up."""
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import tensorflow.compat.v1 as tf
@@ -77,6 +79,18 @@ def _record_fetch_sets(monkeypatch):
     return fetch_sets
 
 
+def _one_input_job(tmp_path):
+    """The train op of an MLP with one tf.data input, 2 replicas under gradient
+    accumulation, snapshots into ``tmp_path``."""
+    epl.init(epl.Config({"checkpoint.snapshot_steps": 100,
+                         "checkpoint.snapshot_dir": str(tmp_path),
+                         "pipeline.num_micro_batch": 2}),
+             cluster=Cluster(devices_per_worker=2))
+    epl.set_default_strategy(epl.replicate(1))
+    x, y = make_data(32)
+    return train_step(mlp(*dataset_input(x, y, 2), weights=initial_weights()))
+
+
 @pytest.mark.timeout(120)
 def test_first_snapshot_of_one_input_is_one_run(tmp_path, monkeypatch):
     """A job with snapshots (``epl-launch`` turns them on) writes one of its starting
@@ -85,18 +99,22 @@ def test_first_snapshot_of_one_input_is_one_run(tmp_path, monkeypatch):
     With one input (2 replicas under gradient accumulation: EPL's end-of-input agreement
     adds an iterator of its own, which holds no position), the snapshot is one run that
     saves the model and the input, and that save is the check that the input can be
-    saved: no run per input to check it, none per input and model to save them."""
-    epl.init(epl.Config({"checkpoint.snapshot_steps": 100,
-                         "checkpoint.snapshot_dir": str(tmp_path),
-                         "pipeline.num_micro_batch": 2}),
-             cluster=Cluster(devices_per_worker=2))
-    epl.set_default_strategy(epl.replicate(1))
-    x, y = make_data(32)
-    train = train_step(mlp(*dataset_input(x, y, 2), weights=initial_weights()))
+    saved: no run per input to check it, none per input and model to save them. The
+    model's data file is not read back for a checksum (the whole state, 1.3 GB on
+    BERT-base: 0.5 s CPU)."""
+    train = _one_input_job(tmp_path)
+    read_back = []
+    checksum = snapshot_store._checksum
+    monkeypatch.setattr(snapshot_store, "_checksum",
+                        lambda path: read_back.append(os.path.basename(path)) or checksum(path))
     with tf.train.MonitoredTrainingSession() as sess:
         fetch_sets = _record_fetch_sets(monkeypatch)
         for _ in range(4):
             sess.run(train)
+    # the model's data file is not read back for a CRC-32 (its index records each
+    # tensor's CRC32C); the small files are
+    assert sorted(read_back) == ["data-0-0.data-00000-of-00001", "data-0-0.index",
+                                 "model.index"], read_back
     iterators = [op.name for op in tf.get_default_graph().get_operations()
                  if op.type == "OneShotIterator"]
     assert len(iterators) == 2, iterators  # the user's and the end-of-input agreement's
@@ -104,6 +122,27 @@ def test_first_snapshot_of_one_input_is_one_run(tmp_path, monkeypatch):
     assert len(fetch_sets) == 8 and len(set(fetch_sets)) == 3, fetch_sets
     step, manifests = snapshot_store.choose(str(tmp_path))
     assert step == 0 and list(manifests[0]["inputs"]) == ["OneShotIterator"], manifests
+
+
+@pytest.mark.timeout(120)
+def test_the_first_snapshot_is_committed_while_the_first_run_computes(tmp_path, monkeypatch):
+    """The step-0 snapshot's files are saved before the first training run; flushing
+    them to disk, their checksums and the manifest (the commit) run on a thread while
+    that run computes, and the snapshot is complete when that run returns (the commit
+    here takes 0.5 s longer than the run)."""
+    threads = []
+    commit = snapshot_store.commit_part
+
+    def slow_commit(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        time.sleep(0.5)
+        return commit(*args, **kwargs)
+    monkeypatch.setattr(snapshot_store, "commit_part", slow_commit)
+    train = _one_input_job(tmp_path)
+    with tf.train.MonitoredTrainingSession() as sess:
+        sess.run(train)
+        assert snapshot_store.choose(str(tmp_path))[0] == 0
+    assert threads == ["epl-snapshot-commit-0"], threads
 
 
 def test_the_rewrite_builds_ops_past_create_ops_deprecation_check(monkeypatch):
