@@ -46,6 +46,7 @@ def child(args):
     """Build one lowering, warm up, time and trace steady steps; print a BENCH line."""
     import tensorflow.compat.v1 as tf
     import shapes
+    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
     if args.rewrite_bodies:
         from epl import tf_functions
         tf_functions._DISABLED_REWRITES = b""  # pylint: disable=protected-access
