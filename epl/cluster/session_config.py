@@ -18,8 +18,12 @@ def session_config(cluster, base=None, device_filters=None, calls_functions=Fals
     at every call site to decide whether to inline it, although EPL marks the
     functions never to be inlined; measured on a 12-layer encoder, 2 stages x
     32 micro-batches, that is 4.5 s of the first step, growing with the
-    micro-batches. The bodies are still optimized by grappler, once each, as
-    the graph's function library.
+    micro-batches. Nor does grappler rewrite the bodies at their calls (EPL's
+    calls turn it off), and in a one-task session with the pruned placement
+    below the main graph and its library get none either: the bodies run as
+    built (turned on, it removed about 900 executed nodes per step of a
+    ResNet-style pipeline and did not close its CPU gap to unrolled copies;
+    docs/design.md, issue 41 item 3).
 
     A session in one process (no server) places only the ops each run needs
     (``place_pruned_graph``): by default TF places the whole graph at the first
