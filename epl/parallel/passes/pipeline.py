@@ -9,6 +9,15 @@ device waits for every exit op of a, and every entrance op of b waits for the
 barrier. Schedules that split the backward (ZeroBubble) have B and W actions; the
 repetition finds the ops of each (:mod:`epl.parallel.repeat.backward_split`).
 
+What an action hands to another stage leaves before the stage's next action starts:
+each such tensor is read on the other device through an Identity on the stage's device
+that waits for the barrier (:func:`_send_before_next`). Why: with one inter-op thread TF
+runs the ops a finished op makes ready in an order set by heap addresses (its out-edge
+set) and its thread queue is last in, first out, so the _Send TF adds for the tensor
+could wait behind every action the stage has ready (a ZeroBubble stage 1 always has a
+W); the other stage then idles. The Identity is cheap, so the executor runs it inline
+right after the barrier, before the next action's expensive call, and its _Send with it.
+
 The collectives a stage's actions run (a split layer's, built per copy and
 micro-batch) are chained per member in build order by backends that need one order
 on every member; those chains are re-ordered to the stage's schedule
@@ -90,3 +99,28 @@ def _order(ctx, copy, before, after, entrances, exits):
         barrier = tf.no_op(name="after_%s_copy%d" % (before, copy))
     for op in second:
         tf_adapter.add_control_inputs(op, [barrier])
+    _send_before_next(first, barrier, device)
+
+
+def _send_before_next(exits, barrier, device):
+    """Point every consumer on another device of an ``exits`` output at an Identity
+    on ``device`` that runs after ``barrier``: the tensor leaves ahead of the next
+    action, whatever order TF picks among the ops ``barrier`` makes ready."""
+    here = _canonical(device)
+    for op in exits:
+        for tensor in op.outputs:
+            away = [c for c in tensor.consumers()
+                    if c.device and _canonical(c.device) != here]
+            if not away:
+                continue
+            with tf.device(device), tf.name_scope("EPL_SCHEDULE"), \
+                    tf.control_dependencies([barrier]):
+                sent = tf.identity(tensor, name="send_%s" % op.name.replace("/", "_"))
+            for consumer in away:
+                for index, value in enumerate(consumer.inputs):
+                    if value is tensor:
+                        tf_adapter.update_input(consumer, index, sent)
+
+
+def _canonical(device):
+    return tf.DeviceSpec.from_string(device).to_string()
