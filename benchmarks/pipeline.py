@@ -111,7 +111,8 @@ def child(args):
                 sess.run(train, options=tf.RunOptions(trace_level=tf.RunOptions.FULL_TRACE),
                          run_metadata=meta)
             pairing.serve_steps(sess, train, 0, 0.0,
-                                ready_info={"action_ms": pipeline_isolated.action_ms(traces)})
+                                ready_info={"action_ms": pipeline_isolated.action_ms(traces),
+                                            "late_sends": pipeline_isolated.late_sends(traces)})
             return
         if args.serve:
             pairing.serve_steps(sess, train, args.warmup, 0.0)

@@ -39,6 +39,9 @@ TRACED_STEPS = 3  # per job, after its warm-up: the action costs' medians
 _CALL = re.compile(r"EPL_MICRO_BATCH_(\d+)/EPL_stage(\d+)_(forward|backward|weights)"
                    r"\d*(_first)?(_\d+)?$")
 _KIND = {"forward": "F", "backward": "B", "weights": "W"}
+# The _Send TF adds for a tensor a call hands to the other worker: named after the call,
+# or after the Identity the schedule lowering sends it through (send_<call, / as _>)
+_SEND = re.compile(r"(?:^|/send_)(EPL_MICRO_BATCH_\d+[/_]EPL_stage\d_\w+?)_S\d+:_Send$")
 
 
 def action_ms(traces):
@@ -59,6 +62,31 @@ def action_ms(traces):
         for (stage, kind, _), ms in total.items():
             per_action["%d%s" % (stage, kind)].append(ms)
     return dict((key, statistics.median(values)) for key, values in per_action.items())
+
+
+def late_sends(traces):
+    """(late, all): how many cross-worker _Sends of a stage call's output started only
+    after another stage call had started on the same worker, over the traced steps.
+    An order, not a time: the load does not move it. 0 means each action's output left
+    before the stage's next action (see docs/pipeline_schedules.md)."""
+    late = total = 0
+    for run_metadata in traces:
+        calls, sends = {}, []
+        for dev in run_metadata.step_stats.dev_stats:
+            for node in dev.node_stats:
+                if _CALL.search(node.node_name) and "/host:" not in dev.device:
+                    calls[node.node_name] = (node.all_start_micros, node.all_start_micros +
+                                             node.all_end_rel_micros, dev.device)
+                match = _SEND.search(node.node_name)
+                if match:
+                    sends.append((match.group(1).replace("_EPL_stage", "/EPL_stage", 1),
+                                  node.all_start_micros))
+        for producer, start in sends:
+            if producer in calls:
+                _, end, device = calls[producer]
+                total += 1
+                late += any(d == device and end <= s < start for s, _, d in calls.values())
+    return late, total
 
 
 class MeasuredCosts(object):
@@ -142,10 +170,12 @@ def measure(child_argv, micro_batches, rows, pairs, log_dir, simulated):
             steps, _, servers = pairing.run_pair(starts, pairs)
             ratios = [a / b for a, b in zip(steps["other"], steps["base"])]
             costs = dict((name, server.ready.get("action_ms", {})) for name, server in servers)
+            late = dict((name, server.ready.get("late_sends")) for name, server in servers)
             base_ms = simulated_with(costs["base"], "PreferBackward", m, "pipeline")
             other_ms = simulated_with(costs["other"], strategy, m, memory)
             found[m][label] = {
-                "action_ms": costs, "simulated_ms": {"base": base_ms, "other": other_ms},
+                "action_ms": costs, "late_sends": late,
+                "simulated_ms": {"base": base_ms, "other": other_ms},
                 "simulated_measured": other_ms / base_ms if base_ms else None,
                 "median": statistics.median(ratios), "quartiles": pairing.quartiles(ratios),
                 "base_step_seconds": statistics.median(steps["base"]),
@@ -172,6 +202,7 @@ def report_lines(found, args):
                          "%.3f-%.3f" % tuple(r["quartiles"]), "%.3f" % r["simulated"], gain,
                          _ratio(r["simulated_measured"]), _costs(r["action_ms"]["other"]),
                          "%.0f / %.0f" % (r["simulated_ms"]["base"], r["simulated_ms"]["other"]),
+                         _late(r.get("late_sends")),
                          "%s / %s" % (_load(r["load_before"]), _load(r["load_after"]))])
     return [
         "## Stages on their own cores (2 worker processes, `taskset`, 1 thread each)", "",
@@ -185,12 +216,15 @@ def report_lines(found, args):
         "%d steps after its warm-up; the simulator ran each schedule with its own median F, "
         "B and W call times per stage (ms, listed for the row's schedule; stage 0 has no B "
         "when the backward is split) and gives the ratio and both simulated steps, to set "
-        "beside the measured steps." % (args.pairs, TRACED_STEPS), "",
+        "beside the measured steps. Late sends: of the tensors an action hands to the "
+        "other worker in the traced steps, how many left only after the stage had "
+        "started another action (an order, which the load does not move)."
+        % (args.pairs, TRACED_STEPS), "",
         common.markdown_table(["schedule", "m", "PreferBackward step ms", "step ms",
                                "step / PreferBackward (median)", "quartiles", "simulated",
                                "of predicted gain", "simulated, measured costs",
                                "F/B/W ms per stage", "simulated ms (PreferBackward / row)",
-                               "load"], rows), ""]
+                               "late sends (PreferBackward / row)", "load"], rows), ""]
 
 
 def _ratio(value):
@@ -201,6 +235,12 @@ def _costs(measured):
     stages = sorted(set(int(key[:-1]) for key in measured))
     return "; ".join("%d: %s" % (s, "/".join("%.1f" % measured.get("%d%s" % (s, k), 0.0)
                                              for k in "FBW")) for s in stages) or "-"
+
+
+def _late(by_job):
+    if not by_job or None in by_job.values():
+        return "-"
+    return " / ".join("%d of %d" % tuple(by_job[name]) for name in ("base", "other"))
 
 
 def _load(value):

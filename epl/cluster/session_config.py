@@ -5,7 +5,7 @@ COLLECTIVE_GROUP_LEADER = "/job:worker/replica:0/task:0"
 
 
 def session_config(cluster, base=None, device_filters=None, calls_functions=False,
-                   place_pruned=True):
+                   place_pruned=True, ordered_sends=False):
     """Merge what EPL needs into ``base`` (a user ConfigProto or None).
 
     The same proto is given to ``tf.train.Server`` and to every session: TF
@@ -24,6 +24,17 @@ def session_config(cluster, base=None, device_filters=None, calls_functions=Fals
     built (turned on, it removed about 900 executed nodes per step of a
     ResNet-style pipeline and did not close its CPU gap to unrolled copies;
     docs/design.md, issue 41 item 3).
+
+    ``ordered_sends``: the graph is a pipeline whose schedule lowering sends each
+    action's outputs to the next stage through an Identity ordered after the
+    stage's schedule barrier (:mod:`epl.parallel.passes.pipeline`). Grappler's
+    dependency optimizer then turns off (unless the user's config sets it): it
+    removes the barrier no-ops and those Identities (the latter because, once the
+    barrier's edges move to the calls, the Identity only forwards its input), and
+    then TF's executor may run the _Send after the stage's next actions (on a
+    2-stage pipeline with stages on their own cores, ZeroBubble's steps fell into
+    a slow mode in some processes and not others). It only prunes control edges,
+    so turning it off changes no result.
 
     A session in one process (no server) places only the ops each run needs
     (``place_pruned_graph``): by default TF places the whole graph at the first
@@ -54,6 +65,8 @@ def session_config(cluster, base=None, device_filters=None, calls_functions=Fals
     rewrites = config.graph_options.rewrite_options
     if calls_functions and rewrites.function_optimization == rewrites.DEFAULT:
         rewrites.function_optimization = rewrites.OFF
+    if ordered_sends and rewrites.dependency_optimization == rewrites.DEFAULT:
+        rewrites.dependency_optimization = rewrites.OFF
     if device_filters:
         del config.device_filters[:]
         config.device_filters.extend(device_filters)

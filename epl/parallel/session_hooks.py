@@ -118,6 +118,7 @@ def _wrap_session_init(original, provider):
         plan = _plan(graph_, env)
         config = session_config(env.cluster, config, _device_filters(_view(graph_), plan, env),
                                 calls_functions=plan is not None and plan.calls_functions,
+                                ordered_sends=plan is not None and bool(plan.pipeline),
                                 place_pruned=env.config.cluster.place_pruned_graph)
         if env.cluster.distributed and not target:
             target = env.get_or_create_server(config).target

@@ -5,6 +5,7 @@ apart in the graph and in the trace; peak memory per stage against 1F1B's."""
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
 
 import corpusutil
 import epl
@@ -163,6 +164,53 @@ def test_stage_function_calls_follow_the_schedule():
     # stage 0: 4 F and 4 W (its B is empty); stage 1: 4 F, 4 B and 4 W
     assert checked == (8 - 1) + (12 - 1)
     assert {"forward", "backward0", "weights0"} <= kinds
+
+
+def _same_device(a, b):
+    return tf.DeviceSpec.from_string(a).to_string() == tf.DeviceSpec.from_string(b).to_string()
+
+
+@pytest.mark.parametrize("strategy", ["ZeroBubble", "PreferBackward"])
+def test_what_an_action_sends_another_stage_leaves_before_the_next_action(strategy):
+    """Every tensor an action hands to another stage's action is read there through
+    an Identity on the action's device that waits for the barrier before the stage's
+    next action: TF's one inter-op thread then runs it (and the _Send TF adds for
+    it) before that action, not after whatever the stage has ready (a structural
+    check; see docs/pipeline_schedules.md). The session turns grappler's dependency
+    optimizer off, which would remove the barrier and the Identity."""
+    _, _, sess, _ = _pipeline(2, 2, 4, strategy=strategy, lowering="stage_functions",
+                              steps=1)
+    program = epl.Graph.get().parallel
+    entrances, exits = program.boundaries[0]
+    entering = set(op for ops in entrances.values() for op in ops)
+    sent = set()
+    for stage in range(2):
+        actions = [a for a in program.schedule.stage(stage)
+                   if (a.stage, a.kind, a.micro_batch) in entrances or
+                   (a.stage, a.kind, a.micro_batch) in exits]
+        for before, after in zip(actions, actions[1:]):
+            first = exits.get((before.stage, before.kind, before.micro_batch), [])
+            second = entrances.get((after.stage, after.kind, after.micro_batch), [])
+            barriers = [op for op in second[0].control_inputs
+                        if op.name.endswith("after_%s_copy0" % (before,))] if second else []
+            for op in first:
+                for reader in [c for t in op.outputs for c in t.consumers()]:
+                    away = [c for t in reader.outputs for c in t.consumers()
+                            if c in entering and not _same_device(c.device, op.device)]
+                    assert reader not in entering or _same_device(reader.device, op.device), (
+                        "%s reads %s's output directly" % (reader.name, str(before)))
+                    if reader.type != "Identity" or not away:
+                        continue
+                    assert barriers and barriers[0] in reader.control_inputs, (
+                        str(before), reader.name)
+                    sent.add(str(before))
+    # stage 0 sends each forward's activations, stage 1 each input gradient (B) that
+    # has an action after it on its stage
+    last = str(program.schedule.stage(1)[-1])
+    assert sent == set(["0F%d" % m for m in range(4)] +
+                       ["1B%d" % m for m in range(4) if "1B%d" % m != last]), sorted(sent)
+    toggle = sess._config.graph_options.rewrite_options.dependency_optimization  # noqa
+    assert toggle == rewriter_config_pb2.RewriterConfig.OFF
 
 
 @pytest.mark.parametrize("lowering", ["stage_functions", "unrolled"])

@@ -58,4 +58,32 @@ def test_report_rows():
     lines = isolated.report_lines({4: {"ZeroBubble": row}}, argparse.Namespace(pairs=4))
     table = [line for line in "\n".join(lines).splitlines() if line.startswith("| ZeroBubble")]
     assert table == ["| ZeroBubble | 4 | 1000 | 900 | 0.900 | 0.850-0.950 | 0.867 | 75% | "
-                     "0.880 | 0: 10.0/0.0/20.0; 1: 10.0/9.0/11.0 | 150 / 132 | 3.00 / - |"]
+                     "0.880 | 0: 10.0/0.0/20.0; 1: 10.0/9.0/11.0 | 150 / 132 | - | 3.00 / - |"]
+    row["late_sends"] = {"base": (2, 8), "other": (0, 8)}
+    lines = isolated.report_lines({4: {"ZeroBubble": row}}, argparse.Namespace(pairs=4))
+    assert "| 150 / 132 | 2 of 8 / 0 of 8 | 3.00 / - |" in "\n".join(lines)
+
+
+def _timed(name, start, micros):
+    return Proto(node_name=name, all_start_micros=start, all_end_rel_micros=micros)
+
+
+def test_late_sends_count_sends_that_follow_another_call_on_their_worker():
+    """Stage 1's B of micro-batch 0 ends at 20; its _Send (named after the call) runs
+    at 50, after the next forward started at 20: late. Micro-batch 1's leaves through
+    the lowering's Identity (send_...) at 60, before the call at 70: on time. Stage
+    0's call on the other worker does not count."""
+    worker1 = [_timed("EPL_MICRO_BATCH_0/EPL_stage1_backward0", 0, 20),
+               _timed("EPL_MICRO_BATCH_1/EPL_stage1_forward", 20, 30),
+               _timed("EPL_MICRO_BATCH_1/EPL_stage1_backward0", 50, 10),
+               _timed("EPL_MICRO_BATCH_0/EPL_stage1_weights0_first", 70, 10)]
+    worker0 = [_timed("EPL_MICRO_BATCH_2/EPL_stage0_forward", 21, 30)]
+    host = [_timed("EPL_MICRO_BATCH_0/EPL_stage1_backward0_S8:_Send", 50, 1),
+            _timed("EPL_SCHEDULE_16/send_EPL_MICRO_BATCH_1_EPL_stage1_backward0_S14:_Send",
+                   60, 1)]
+    trace = Proto(step_stats=Proto(dev_stats=[
+        Proto(device="/job:worker/replica:0/task:1/device:CPU:0", node_stats=worker1),
+        Proto(device="/job:worker/replica:0/task:0/device:CPU:0", node_stats=worker0),
+        Proto(device="/host:CPU", node_stats=host)]))
+    assert isolated.late_sends([trace]) == (1, 2)
+    assert isolated.late_sends([trace, trace]) == (2, 4)
