@@ -145,8 +145,10 @@ def test_stage_functions_keep_the_graph_size_flat():
         sizes[micro_batches] = len(tf.get_default_graph().get_operations())
         assert "micro-batches: stage functions" in str(epl.Graph.get().parallel.plan)
     per_micro_batch = (sizes[8] - sizes[2]) / 6.0
-    # calls, input pulls, labels, a saved-activation array per stage: not the model
-    assert per_micro_batch <= 14, sizes
+    # calls, input pulls, labels, a saved-activation array per stage, the Identity
+    # through which each tensor one stage hands the other leaves after the barrier
+    # (passes/pipeline.py _send_before_next): not the model
+    assert per_micro_batch <= 16, sizes
 
 
 def test_first_micro_batch_starts_the_gradient_sums_without_adds():
