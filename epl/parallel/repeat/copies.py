@@ -65,7 +65,9 @@ def clone_copies(ctx, rep):
     if rep.copies < 2:
         return
     sources, user_of = _copy_sources(ctx, rep)
-    live = live_sources(ctx, rep, sources, user_of, gradient_gates(sources))
+    # the gates of every source: the clones read through them as liveness does
+    gates = gradient_gates(sources)
+    live = live_sources(ctx, rep, sources, user_of, gates)
     sources = [op for op in sources if op.name in live]
     specialized = {}
     for source in sources:
@@ -76,7 +78,6 @@ def clone_copies(ctx, rep):
             specialized[source.name] = (
                 lambda tag, inputs, build=spec.builder, m=micro_batch: build(tag, m, inputs),
                 inputs)
-    gates = gradient_gates(sources)
     cloner = Cloner(ctx.tf_graph, sources, specialized, gates)
     for copy in range(1, rep.copies):
         result = cloner.clone(

@@ -15,11 +15,12 @@ An op is a root of liveness (kept whatever reads it) when it may change state
 (stateful ops, variable writes), when something outside the cloned set reads it
 (EPL's or the user's other ops: only its own copy can stand for it there), when its
 tensor is merged across copies (``GLOBAL_*`` collections: the merge reads every
-copy's), when a call reads it, or when a model pass builds it per copy. A stateless
-op that nothing reads (the reads ``var/read`` of optimizer slots, the ``zeros_like``
-that ``tf.gradients`` leaves unused) is not: a fetch of it returns copy 0's value
-and would run the other copies' instances for nothing. Everything a live op reads (through gradient gates, as the clones read them)
-is live. What is left is read only by ops that no longer run, so no copy's running
+copy's), when a call reads it, when a model pass builds it per copy, or when
+nothing reads it (a fetch of a user op runs every copy's instance: a train op's NoOp drives the
+copy's updates, an unread ``zeros_like`` pulls the copy's batch), unless it is a
+constant or a variable's read (``var/read`` of an optimizer slot) that waits for
+nothing: running those reaches no other op. Everything a live op reads (through
+gradient gates, as the clones read them) is live. What is left is read only by ops that no longer run, so no copy's running
 op can reach it, and leaving its clone out changes no value any step computes.
 """
 from epl import tf_adapter
@@ -58,7 +59,17 @@ def _is_root(ctx, rep, op, user_op, names, wanted):
     if rep.micro_batches > 1 and any(is_variable(t.op) for t in op.inputs):
         return True  # order_shared_writes orders each micro-batch's readers of a variable
     readers = [c for t in op.outputs for c in t.consumers()] + tf_adapter.control_outputs(op)
+    if not readers:  # a fetch of it runs every copy's instance, and what that reaches
+        return not _pure_leaf(op)
     return any(r.name not in names and r.name not in rep.replaced for r in readers)
+
+
+def _pure_leaf(op):
+    """A constant or a read of a variable, waiting for nothing: running it reaches no
+    other op, so a copy's instance that nothing reads has no effect."""
+    if op.control_inputs:
+        return False
+    return op.type == "Const" or (op.type == "Identity" and is_variable(op.inputs[0].op))
 
 
 def _merged_tensors(ctx):
