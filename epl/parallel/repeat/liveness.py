@@ -13,13 +13,15 @@ those that something still running needs.
 
 An op is a root of liveness (kept whatever reads it) when it may change state
 (stateful ops, variable writes), when something outside the cloned set reads it
-(EPL's or the user's other ops: only its own copy can stand for it there), when its
+(the global step's update waits for each copy's instance of the optimizer's
+``update`` NoOp, which drives that copy's updates), when its
 tensor is merged across copies (``GLOBAL_*`` collections: the merge reads every
 copy's), when a call reads it, when a model pass builds it per copy, or when
 nothing reads it (a fetch of a user op runs every copy's instance: a train op's NoOp drives the
 copy's updates, an unread ``zeros_like`` pulls the copy's batch), unless it is a
 constant or a variable's read (``var/read`` of an optimizer slot) that waits for
-nothing: running those reaches no other op. Everything a live op reads (through
+nothing: running those reaches no other op, so they are live only where a live op
+reads them. Everything a live op reads (through
 gradient gates, as the clones read them) is live. What is left is read only by ops that no longer run, so no copy's running
 op can reach it, and leaving its clone out changes no value any step computes.
 """
@@ -58,10 +60,11 @@ def _is_root(ctx, rep, op, user_op, names, wanted):
         return True
     if rep.micro_batches > 1 and any(is_variable(t.op) for t in op.inputs):
         return True  # order_shared_writes orders each micro-batch's readers of a variable
+    if _pure_leaf(op):
+        return False  # live only if a live clone reads it
     readers = [c for t in op.outputs for c in t.consumers()] + tf_adapter.control_outputs(op)
-    if not readers:  # a fetch of it runs every copy's instance, and what that reaches
-        return not _pure_leaf(op)
-    return any(r.name not in names and r.name not in rep.replaced for r in readers)
+    return not readers or any(r.name not in names and r.name not in rep.replaced
+                              for r in readers)
 
 
 def _pure_leaf(op):
