@@ -6,8 +6,8 @@ either an input of its calls or copied into the body (constant expressions). So
 some of the ops every copy used to clone are read only by ops that no longer run:
 the constants, shape and permutation expressions of the cores, and the reads
 (``var/read``) of weights and optimizer slots that only the cores read. On a
-BERT-base encoder with 2 local replicas they were about half of the second
-replica's ops (1.7k of 3.2k), built by the rewrite and carried by every session
+BERT-base encoder with 2 local replicas they were more than half of the second
+replica's ops (1.8k of 3.2k), built by the rewrite and carried by every session
 run's graph, for nothing (issue 41). A copy therefore clones only the *live* ops:
 those that something still running needs.
 
@@ -21,9 +21,9 @@ nothing reads it (a fetch of a user op runs every copy's instance: a train op's 
 copy's updates, an unread ``zeros_like`` pulls the copy's batch), unless it is a
 constant or a variable's read (``var/read`` of an optimizer slot) that waits for
 nothing: running those reaches no other op, so they are live only where a live op
-reads them. Everything a live op reads (through
-gradient gates, as the clones read them) is live. What is left is read only by ops that no longer run, so no copy's running
-op can reach it, and leaving its clone out changes no value any step computes.
+reads them. Everything a live op reads (through gradient gates, as the clones read
+them) is live. What is left is read only by ops that no longer run, so no copy's
+running op can reach it, and leaving its clone out changes no value any step computes.
 """
 from epl import tf_adapter
 from epl.ir.roles import is_variable
