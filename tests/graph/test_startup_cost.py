@@ -170,3 +170,29 @@ def test_the_rewrite_builds_ops_past_create_ops_deprecation_check(monkeypatch):
     assert program is not None and program.setup_op is not None  # the rewrite built ops
     assert "create_op" not in checked, checked[:5]
     assert tf.Graph.create_op is decorated  # as it was outside the rewrite
+
+
+def test_a_second_replica_clones_no_op_that_nothing_running_reads():
+    """With stage functions the cores' constants and the reads of weights and slots
+    that only the cores read stay in the user's graph, unused; the second replica
+    used to clone them too (half its ops on BERT-base: 1.7k of 3.2k), for the rewrite
+    to build and every session run to carry. Now a replica's constants and variable
+    reads are each read by something (or wait for an op that running them would run),
+and training still runs both replicas."""
+    epl.init(epl.Config({"pipeline.micro_batching": "stage_functions"}),
+             cluster=Cluster(devices_per_worker=2))
+    epl.set_default_strategy(epl.replicate(1))
+    x, y = make_data(16)
+    train = train_step(mlp(*dataset_input(x, y, 8), weights=initial_weights()), "adam")
+    with tf.train.MonitoredTrainingSession() as sess:
+        sess.run(train)
+        step = sess.run(tf.train.get_global_step())
+    graph = tf.get_default_graph()
+    second = [op for op in graph.get_operations() if op.name.startswith("EPL_REPLICA_1/")]
+    assert any(op.type == "ApplyAdam" for op in second), [op.name for op in second]
+    unread = [op.name for op in second  # (one waiting for an op would run it: kept)
+              if (op.type == "Const" or op.type == "Identity" and op.inputs[0].op.type
+                  in ("VariableV2", "VarHandleOp")) and not op.control_inputs
+              and not any(t.consumers() for t in op.outputs) and not op._control_outputs]
+    assert unread == [], unread
+    assert step == 1

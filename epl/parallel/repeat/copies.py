@@ -16,6 +16,7 @@ from epl.ir.traverse import control_flow_interior
 from epl.ir.roles import is_variable
 from epl.parallel.repeat.clone import Cloner
 from epl.parallel.repeat.gates import gradient_gates
+from epl.parallel.repeat.liveness import live_sources
 
 MICRO_BATCH_PREFIX = "EPL_MICRO_BATCH_%d"
 REPLICA_PREFIX = "EPL_REPLICA_%d"
@@ -56,11 +57,18 @@ def clone_copies(ctx, rep):
 
     Variables are copied too; the sync pass makes the copies equal to replica 0
     before the first step. Shared inputs (iterators, placeholders, global step)
-    are read by every copy; each copy's get-next op pulls its own batch.
+    are read by every copy; each copy's get-next op pulls its own batch. Ops that
+    only ops which no longer run read (calls replace them) are not copied
+    (:mod:`epl.parallel.repeat.liveness`): a name a copy has no op for stands for
+    copy 0's op (:meth:`Repetition.op`).
     """
     if rep.copies < 2:
         return
     sources, user_of = _copy_sources(ctx, rep)
+    # the gates of every source: the clones read through them as liveness does
+    gates = gradient_gates(sources)
+    live = live_sources(ctx, rep, sources, user_of, gates)
+    sources = [op for op in sources if op.name in live]
     specialized = {}
     for source in sources:
         user_op, micro_batch = user_of[source.name]
@@ -70,7 +78,6 @@ def clone_copies(ctx, rep):
             specialized[source.name] = (
                 lambda tag, inputs, build=spec.builder, m=micro_batch: build(tag, m, inputs),
                 inputs)
-    gates = gradient_gates(sources)
     cloner = Cloner(ctx.tf_graph, sources, specialized, gates)
     for copy in range(1, rep.copies):
         result = cloner.clone(

@@ -89,6 +89,10 @@ class StageFunctions(Repetition):
         return [action for action, body in self.bodies.items()
                 if any(t.op.name == variable for t in body.inputs)]
 
+    def call_inputs(self):
+        return set([t.name for body in self.bodies.values() for t in body.inputs]
+                   + [op.name for body in self.bodies.values() for op in body.outside_controls])
+
     def computed(self, tensor, copy, micro_batch):
         if micro_batch and tensor.name in self.sum_only:
             raise RuntimeError("EPL internal error: %s is summed inside the backward "

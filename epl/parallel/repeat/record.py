@@ -195,6 +195,11 @@ class Repetition(object):
                 total = tf.reshape(total, shape)
         return total, None
 
+    def call_inputs(self):
+        """Names of the user tensors and ops that calls read or wait for (stage
+        functions); none where nothing is called."""
+        return set()
+
     def summed_in_calls(self, grad, copy):
         """The sum over micro-batches of dense ``grad`` that ``copy``'s calls return, or
         None (nothing sums inside calls here)."""
