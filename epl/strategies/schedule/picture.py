@@ -90,7 +90,7 @@ def main(argv=None):
                              "ZeroBubble (ZB-H1: backward split into B and W)")
     parser.add_argument("--virtual-stages", type=int, default=1,
                         help="model chunks per device (interleaved 1F1B, with PreferBackward; "
-                             "EPL does not lower it yet)")
+                             "pipeline.num_virtual_stages in a job)")
     parser.add_argument("--costs",
                         help="times of F, B and W such as 1,1,1 (a backward that is not split "
                              "costs B+W): also print the step time these costs give")
