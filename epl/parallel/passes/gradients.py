@@ -249,7 +249,7 @@ def _accumulate(local, item, entry, device, gate, ctx, copy):
     if not entry.accumulate:
         return local
     if local.indices is None:
-        released = ga.accumulate_dense(item.var, local.value, device, gate, ctx.epl_variables,
+        released = ga.accumulate_dense(item.var, local.value, device, gate,
                                        _copy_shape(ctx, item.var.op, copy))
         return Local(released.value, None, released.store)
     released = ga.accumulate_sparse(item.var, local.value, local.indices, device, gate,
