@@ -287,7 +287,7 @@ class NodeOps(object):
 
     def __init__(self, device):
         self.device = device
-        self._zero = {}   # {dtype: scalar zero on the device}, shared by every fill
+        self._zero = {}   # {dtype or (dtype, divisor): scalar constant on the device}
 
     def _make(self, node_type, name, inputs, attrs, control_inputs=()):
         graph = _ops.get_default_graph()
@@ -337,6 +337,19 @@ class NodeOps(object):
         node_type = "RefSwitch" if is_ref_dtype(tensor.dtype) else "Switch"
         op = self._make(node_type, node_type, [tensor, pred], {"T": _type_attr(tensor.dtype)})
         return op.outputs[0], op.outputs[1]
+
+    def divide(self, tensor, divisor):
+        """``tensor / divisor`` for a floating ``tensor`` and a Python number, as
+        ``tf.truediv`` makes it (``RealDiv`` by a constant of ``tensor``'s dtype); one
+        constant per dtype and divisor."""
+        dtype = tf.as_dtype(tensor.dtype).base_dtype
+        if not dtype.is_floating:
+            raise TypeError("NodeOps.divide takes a floating tensor, got %s" % dtype.name)
+        key = (dtype, divisor)
+        if key not in self._zero:
+            self._zero[key] = self._const(divisor, dtype, "y")
+        return self._make("RealDiv", "truediv", [tensor, self._zero[key]],
+                          {"T": _type_attr(dtype)}).outputs[0]
 
     def add(self, a, b):
         return self._make("AddV2", "add", [a, b], {"T": _type_attr(a.dtype)}).outputs[0]
