@@ -279,15 +279,15 @@ def op_from_node(graph, node, attrs, inputs, control_inputs=()):
 
 
 class NodeOps(object):
-    """Small stateless ops on one device of the default graph, made as
-    :func:`op_from_node` makes ops, under the current name scope: EPL's gradient
-    accumulators make about 10 such ops per variable (2k on a 12-layer encoder), where
-    TF's generated wrappers and ``tf.zeros``' constants cost 0.3-1.5 ms each. Outside
-    any control-flow context only (the rewrite's own ops)."""
+    """Small ops on one device of the default graph, made as :func:`op_from_node`
+    makes ops, under the current name scope: EPL's gradient accumulators make about
+    10 such ops per variable (2k on a 12-layer encoder), where TF's generated wrappers
+    and ``tf.zeros``' constants cost 0.3-1.5 ms each. Outside any control-flow context
+    only (the rewrite's own ops)."""
 
     def __init__(self, device):
         self.device = device
-        self._zero = {}   # {dtype: scalar zero on the device}, shared by every fill
+        self._zero = {}   # {dtype or (dtype, divisor): scalar constant on the device}
 
     def _make(self, node_type, name, inputs, attrs, control_inputs=()):
         graph = _ops.get_default_graph()
@@ -311,10 +311,45 @@ class NodeOps(object):
         return self._make("Fill", "zeros", [dims, self._zero[dtype]], attrs,
                           control_inputs).outputs[0]
 
+    def variable(self, shape, dtype, name):
+        """The ref tensor of a ``VariableV2`` of the fully defined ``shape`` that no
+        initializer, collection or saver knows: its owner assigns it before reading it."""
+        attrs = {"dtype": _type_attr(dtype), "container": _attr_value_pb2.AttrValue(s=b""),
+                 "shared_name": _attr_value_pb2.AttrValue(s=b""),
+                 "shape": _attr_value_pb2.AttrValue(shape=tf.TensorShape(shape).as_proto())}
+        return self._make("VariableV2", name, [], attrs).outputs[0]
+
+    def assign(self, ref, value):
+        """``Assign`` (locking, shape-validating, as ``tf.assign``): copies ``value``
+        into ``ref``'s buffer when that is initialized with the same size."""
+        attrs = {"T": _type_attr(value.dtype), "validate_shape": _attr_value_pb2.AttrValue(b=True),
+                 "use_locking": _attr_value_pb2.AttrValue(b=True)}
+        return self._make("Assign", "Assign", [ref, value], attrs).outputs[0]
+
+    def assign_add(self, ref, value):
+        """``AssignAdd`` (not locking, as ``tf.assign_add``): adds in place."""
+        attrs = {"T": _type_attr(value.dtype), "use_locking": _attr_value_pb2.AttrValue(b=False)}
+        return self._make("AssignAdd", "AssignAdd", [ref, value], attrs).outputs[0]
+
     def switch(self, tensor, pred):
-        """(output_false, output_true), as :func:`switch`."""
-        op = self._make("Switch", "Switch", [tensor, pred], {"T": _type_attr(tensor.dtype)})
+        """(output_false, output_true), as :func:`switch`; a ref (a variable) goes
+        through ``RefSwitch``, which reads it only where an output is alive."""
+        node_type = "RefSwitch" if is_ref_dtype(tensor.dtype) else "Switch"
+        op = self._make(node_type, node_type, [tensor, pred], {"T": _type_attr(tensor.dtype)})
         return op.outputs[0], op.outputs[1]
+
+    def divide(self, tensor, divisor):
+        """``tensor / divisor`` for a floating ``tensor`` and a Python number, as
+        ``tf.truediv`` makes it (``RealDiv`` by a constant of ``tensor``'s dtype); one
+        constant per dtype and divisor."""
+        dtype = tf.as_dtype(tensor.dtype).base_dtype
+        if not dtype.is_floating:
+            raise TypeError("NodeOps.divide takes a floating tensor, got %s" % dtype.name)
+        key = (dtype, divisor)
+        if key not in self._zero:
+            self._zero[key] = self._const(divisor, dtype, "y")
+        return self._make("RealDiv", "truediv", [tensor, self._zero[key]],
+                          {"T": _type_attr(dtype)}).outputs[0]
 
     def add(self, a, b):
         return self._make("AddV2", "add", [a, b], {"T": _type_attr(a.dtype)}).outputs[0]

@@ -13,7 +13,13 @@ release is again an IndexedSlices over the touched rows, so a sparse optimizer
 update (momentum, Adagrad) changes exactly the rows that serial training on
 the whole global batch would change. Accumulation runs add in place (a dense
 gradient: one pass over it; a sparse one: its rows only); a release run makes the
-released sum and resets the buffers; see docs/pipeline.md.
+released sum (and resets a sparse buffer); see docs/pipeline.md.
+
+A dense buffer is never initialized or reset: the first run of each window
+assigns its gradient (copied into the buffer, as ``AssignAdd`` adds into it), the
+other runs add. Zeroing 440 MB of buffers on BERT-base cost the set-up run 1.2 s CPU
+(TF's constant folding evaluates the zeros in the caller's thread before the run
+makes them again), and each release run a pass of zeros (issue 41).
 """
 import collections
 
@@ -24,20 +30,26 @@ from epl.tf_adapter import tf
 
 Released = collections.namedtuple("Released", ["value", "store"])
 SparseReleased = collections.namedtuple("SparseReleased", ["dense", "touched", "store"])
+# release: True on every m-th run (the window's last); first: True on a window's first run
+Gate = collections.namedtuple("Gate", ["release", "first"])
 
 
 def accumulation_gate(host, steps, epl_variables, per_run_writes):
-    """A counter on ``host`` bumped every run; the returned bool is True every
-    ``steps``-th run. The counter is EPL state, (re)initialized by the sync op; its
-    bump is appended to ``per_run_writes`` (it must not run in a step that the end
-    of the input stops, or workers would disagree on the window)."""
+    """A counter on ``host`` bumped every run: a :data:`Gate` whose ``release`` is
+    True every ``steps``-th run and ``first`` on the run after. The counter is EPL
+    state, (re)initialized by the sync op (so a restore starts a window); its bump is
+    appended to ``per_run_writes`` (it must not run in a step that the end of the
+    input stops, or workers would disagree on the window)."""
+    if steps < 2:
+        raise ValueError("EPL internal error: gradient accumulation over %r runs" % (steps,))
     with tf.device(host), tf.name_scope("EPL_GA"):
         counter = tf.Variable(0, dtype=tf.int64, trainable=False, collections=[],
                               name="counter")
         epl_variables.append(counter)
         count = tf.assign_add(counter, 1)
         per_run_writes.append(count.op)
-        return tf.equal(tf.floormod(count, steps), 0)
+        phase = tf.floormod(count, steps)
+        return Gate(tf.equal(phase, 0), tf.equal(phase, 1))
 
 
 def _buffer(nodes, shape, dtype, name, epl_variables):
@@ -46,10 +58,10 @@ def _buffer(nodes, shape, dtype, name, epl_variables):
     return acc
 
 
-def _either(nodes, pred, kept, released):
-    """One op that runs whichever of ``kept`` (alive on accumulation runs) and
-    ``released`` (alive on release runs) is alive: the store every run executes."""
-    return nodes.merge([nodes.identity(pred, ops) for ops in (kept, released)]).op
+def _either(nodes, pred, *alive):
+    """One op that runs whichever group of ops of ``alive`` is alive (exactly one is
+    on each run): the store every run executes."""
+    return nodes.merge([nodes.identity(pred, ops) for ops in alive]).op
 
 
 def _released_then_reset(nodes, buffers, totals):
@@ -64,28 +76,30 @@ def _released_then_reset(nodes, buffers, totals):
                 for acc, total in zip(buffers, totals)]
 
 
-def accumulate_dense(var, local, device, pred, epl_variables, shape=None):
+def accumulate_dense(var, local, device, gate, shape=None):
     """(running sum released on apply runs, op storing the running sum). ``shape`` is
     this copy's shape of ``var`` when it differs from the user's (a shard's).
 
-    Accumulation runs add ``local`` into the buffer in place (one pass over the
-    gradient); release runs add it to the buffer's value into the released sum, then
-    reset the buffer. The select and copy that used to store the sum every run took
-    about 40% of the CPU time of a gradient-accumulation step of BERT-base (issue 41).
-    The stateless ops are made from NodeDefs: through TF's op wrappers the accumulators
-    of a 12-layer encoder took 1.3 s of the rewrite (issue 41)."""
+    A window's first run assigns ``local`` to the buffer, the next add it in place (one
+    pass over the gradient each); the release run adds it to the buffer's value into
+    the released sum. The buffer needs no initializer and no reset: none of the zeros
+    that cost the set-up run a second on BERT-base. The select and copy that used to
+    store the sum every run took about 40% of the CPU time of a gradient-accumulation
+    step of BERT-base, and the ops made through TF's op wrappers 1.3 s of a 12-layer
+    encoder's rewrite (issue 41): every op here is made from a NodeDef."""
     nodes = tf_adapter.NodeOps(device)
     with tf.device(device), tf.name_scope("EPL_GA"):
-        acc = _buffer(nodes, var.shape if shape is None else shape, local.dtype,
-                      "accumulator", epl_variables)
-        keep, release = nodes.switch(local, pred)
-        added = tf.assign_add(acc, keep)
-        total = nodes.add(nodes.switch(acc.value(), pred)[1], release)
-        reset = _released_then_reset(nodes, [acc], [total])
-        return Released(total, _either(nodes, pred, [added.op], [r.op for r in reset]))
+        acc = nodes.variable(var.shape if shape is None else shape, local.dtype,
+                             "accumulator")
+        keep, release = nodes.switch(local, gate.release)
+        later, first = nodes.switch(keep, gate.first)
+        started, added = nodes.assign(acc, first), nodes.assign_add(acc, later)
+        total = nodes.add(nodes.switch(acc, gate.release)[1], release)  # read on release only
+        return Released(total, _either(nodes, gate.release, [started.op], [added.op],
+                                       [total.op]))
 
 
-def accumulate_sparse(var, values, indices, device, pred, epl_variables):
+def accumulate_sparse(var, values, indices, device, gate, epl_variables):
     """Accumulate an IndexedSlices gradient of ``var``.
 
     Returns the dense sum and per-row touch counts, both released (alive) only
@@ -98,7 +112,7 @@ def accumulate_sparse(var, values, indices, device, pred, epl_variables):
     if not shape.is_fully_defined():
         raise ValueError("gradient accumulation of the sparse gradient of %s needs a fully "
                          "defined variable shape, got %s" % (var.op.name, shape))
-    rows = shape.as_list()[0]
+    rows, pred = shape.as_list()[0], gate.release
     nodes = tf_adapter.NodeOps(device)
     with tf.device(device), tf.name_scope("EPL_GA"):
         acc = _buffer(nodes, shape, values.dtype, "sparse_accumulator", epl_variables)
@@ -116,11 +130,12 @@ def accumulate_sparse(var, values, indices, device, pred, epl_variables):
                                                       [r.op for r in reset]))
 
 
-def release_token(host, pred):
+def release_token(host, gate):
     """An op that is alive only on release runs: a control input from it makes
     any op dead (skipped) on the other runs."""
     with tf.device(host), tf.name_scope("EPL_GA"):
-        return tf.identity(tf_adapter.switch(pred, pred)[1], name="release").op
+        return tf.identity(tf_adapter.switch(gate.release, gate.release)[1],
+                           name="release").op
 
 
 def _initializer_closure(tf_graph):
