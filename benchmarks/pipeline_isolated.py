@@ -180,10 +180,13 @@ def measure(child_argv, micro_batches, rows, pairs, log_dir, simulated, schedule
             ratios = [a / b for a, b in zip(steps["other"], steps["base"])]
             costs = dict((name, server.ready.get("action_ms", {})) for name, server in servers)
             late = dict((name, server.ready.get("late_sends")) for name, server in servers)
+            by_name = dict(servers)
+            cpu = pairing.cpu_ratio(by_name["other"].cpu, by_name["base"].cpu)
             base_ms = simulated_with(costs["base"], schedules("PreferBackward", m, "pipeline"))
             other_ms = simulated_with(costs["other"], schedules(strategy, m, memory))
             found[m][label] = {
                 "action_ms": costs, "late_sends": late,
+                "worker0_cpu_ratio": cpu[0] if cpu else None,
                 "simulated_ms": {"base": base_ms, "other": other_ms},
                 "simulated_measured": other_ms / base_ms if base_ms else None,
                 "median": statistics.median(ratios), "quartiles": pairing.quartiles(ratios),
@@ -211,7 +214,7 @@ def report_lines(found, args):
                          "%.3f-%.3f" % tuple(r["quartiles"]), "%.3f" % r["simulated"], gain,
                          _ratio(r["simulated_measured"]), _costs(r["action_ms"]["other"]),
                          "%.0f / %.0f" % (r["simulated_ms"]["base"], r["simulated_ms"]["other"]),
-                         _late(r.get("late_sends")),
+                         _late(r.get("late_sends")), _ratio(r.get("worker0_cpu_ratio")),
                          "%s / %s" % (_load(r["load_before"]), _load(r["load_after"]))])
     return [
         "## Stages on their own cores (2 worker processes, `taskset`, 1 thread each)", "",
@@ -227,13 +230,17 @@ def report_lines(found, args):
         "when the backward is split) and gives the ratio and both simulated steps, to set "
         "beside the measured steps. Late sends: of the tensors an action hands to the "
         "other worker in the traced steps, how many left only after the stage had "
-        "started another action (an order, which the load does not move)."
+        "started another action (an order, which the load does not move). Worker 0 CPU: "
+        "the median ratio of worker 0's (stage 0's process) CPU seconds per step to "
+        "PreferBackward's, which other processes' load moves far less than wall time: "
+        "a schedule saves idle time, not work, so it should read about 1."
         % (args.pairs, TRACED_STEPS), "",
         common.markdown_table(["schedule", "m", "PreferBackward step ms", "step ms",
                                "step / PreferBackward (median)", "quartiles", "simulated",
                                "of predicted gain", "simulated, measured costs",
                                "F/B/W ms per stage", "simulated ms (PreferBackward / row)",
-                               "late sends (PreferBackward / row)", "load"], rows), ""]
+                               "late sends (PreferBackward / row)",
+                               "worker 0 CPU s / PreferBackward", "load"], rows), ""]
 
 
 def _ratio(value):

@@ -70,10 +70,13 @@ def test_report_rows():
     lines = isolated.report_lines({4: {"ZeroBubble": row}}, argparse.Namespace(pairs=4))
     table = [line for line in "\n".join(lines).splitlines() if line.startswith("| ZeroBubble")]
     assert table == ["| ZeroBubble | 4 | 1000 | 900 | 0.900 | 0.850-0.950 | 0.867 | 75% | "
-                     "0.880 | 0: 10.0/0.0/20.0; 1: 10.0/9.0/11.0 | 150 / 132 | - | 3.00 / - |"]
+                     "0.880 | 0: 10.0/0.0/20.0; 1: 10.0/9.0/11.0 | 150 / 132 | - | - | 3.00 / - |"]
     row["late_sends"] = {"base": (2, 8), "other": (0, 8)}
     lines = isolated.report_lines({4: {"ZeroBubble": row}}, argparse.Namespace(pairs=4))
-    assert "| 150 / 132 | 2 of 8 / 0 of 8 | 3.00 / - |" in "\n".join(lines)
+    assert "| 150 / 132 | 2 of 8 / 0 of 8 | - | 3.00 / - |" in "\n".join(lines)
+    row["worker0_cpu_ratio"] = 1.015  # a schedule saves idle time, not work
+    lines = isolated.report_lines({4: {"ZeroBubble": row}}, argparse.Namespace(pairs=4))
+    assert "| 2 of 8 / 0 of 8 | 1.015 | 3.00 / - |" in "\n".join(lines)
 
 
 def _timed(name, start, micros):
