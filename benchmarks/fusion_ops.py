@@ -27,6 +27,7 @@ CASES = [(4, 256), (16, 4096), (64, 16384), (256, 4096), (16, 262144)]  # (tenso
 def _graph(count, size, fused):
     """A graph doing one pack + unpack of ``count`` tensors of ``size`` floats."""
     import tensorflow.compat.v1 as tf
+    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
     from epl.communicators import fusion
     os.environ["EPL_DISABLE_OP_LIBRARY"] = "0" if fused else "1"
     fusion.library._STATE.clear()  # pylint: disable=protected-access
@@ -46,6 +47,7 @@ def _graph(count, size, fused):
 
 def _time(count, size, fused, repeats):
     import tensorflow.compat.v1 as tf
+    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
     graph, init, checksum, packed, kinds = _graph(count, size, fused)
     config = tf.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
     with tf.Session(graph=graph, config=config) as sess:

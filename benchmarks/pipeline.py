@@ -91,13 +91,19 @@ def child(args):
     ``--serve``: serve single steps to a paired driver, see paired.py)."""
     os.environ["EPL_NUM_VIRTUAL_DEVICES"] = str(args.devices_per_worker)
     import tensorflow.compat.v1 as tf
+    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
     import epl
     tf.logging.set_verbosity(tf.logging.ERROR)
     m = args.child_micro_batches
     batch = args.batch
-    epl.init(epl.Config({"pipeline.num_micro_batch": m, "pipeline.strategy": args.strategy,
-                         "pipeline.zero_bubble_memory": args.zero_bubble_memory}))
-    _, train = build_model(tf, epl, batch, args.width, args.layers)
+    settings = {"pipeline.num_micro_batch": m, "pipeline.strategy": args.strategy,
+                "pipeline.zero_bubble_memory": args.zero_bubble_memory}
+    if args.child_chunks > 1:  # interleaved stages (pipeline_interleaved.py --isolated)
+        settings["pipeline.num_virtual_stages"] = args.child_chunks
+    epl.init(epl.Config(settings))
+    # the same layers per device, cut into child_chunks TaskGraphs each
+    _, train = build_model(tf, epl, batch, args.width, args.layers // args.child_chunks,
+                           stages=STAGES * args.child_chunks)
     threads = 1 if m == 1 or args.devices_per_worker == 1 else STAGES  # a core per stage
     config = tf.ConfigProto(intra_op_parallelism_threads=1,
                             inter_op_parallelism_threads=threads)
@@ -136,17 +142,21 @@ def child(args):
                              "peak_bytes": peaks}), flush=True)
 
 
-def _child_argv(args, micro_batches, strategy, memory="pipeline", steps=None, devices=STAGES):
+def _child_argv(args, micro_batches, strategy, memory="pipeline", steps=None, devices=STAGES,
+                chunks=1):
     return [sys.executable, os.path.abspath(__file__), "--child-micro-batches",
             str(micro_batches), "--strategy", strategy, "--batch", str(args.batch),
             "--width", str(args.width), "--layers", str(args.layers), "--steps",
             str(steps or args.steps), "--warmup", str(args.warmup),
-            "--zero-bubble-memory", memory, "--devices-per-worker", str(devices)]
+            "--zero-bubble-memory", memory, "--devices-per-worker", str(devices),
+            "--child-chunks", str(chunks)]
 
 
-def _isolated_worker_argv(args, micro_batches, strategy, memory):
-    """A worker of an isolated job: one device, steps served to the driver."""
-    return _child_argv(args, micro_batches, strategy, memory, devices=1) + ["--serve"]
+def isolated_worker_argv(args, micro_batches, strategy, memory, chunks=1):
+    """A worker of an isolated job: one device, steps served to the driver; ``chunks``
+    > 1 cuts each device's layers into that many interleaved TaskGraphs."""
+    return _child_argv(args, micro_batches, strategy, memory, steps=1, devices=1,
+                       chunks=chunks) + ["--serve"]
 
 
 def run_child(args, micro_batches, strategy, memory="pipeline", steps=None):
@@ -392,6 +402,7 @@ def main(argv=None):
     parser.add_argument("--zero-bubble-memory", default="pipeline", help=argparse.SUPPRESS)
     parser.add_argument("--child-micro-batches", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--devices-per-worker", type=int, default=STAGES, help=argparse.SUPPRESS)
+    parser.add_argument("--child-chunks", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--isolated", action="store_true",
                         help="only the table with each stage in its own worker process on "
                              "its own core (pipeline_isolated.py)")
@@ -402,7 +413,7 @@ def main(argv=None):
         child(args)
         return 0
     if args.isolated:
-        pipeline_isolated.run(args, lambda m, s, mem: _isolated_worker_argv(args, m, s, mem),
+        pipeline_isolated.run(args, lambda m, s, mem: isolated_worker_argv(args, m, s, mem),
                               simulated)
         return 0
     start = time.time()

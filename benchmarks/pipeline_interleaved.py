@@ -10,9 +10,18 @@ the table gives the median ratio of adjacent steps (wall time) and of their CPU 
 ratio with equal F and B (``epl.strategies.schedule.timed``).
 
     .venv/bin/python benchmarks/pipeline_interleaved.py [--micro-batches 4,8] [--pairs 12]
+        [--isolated]
 
 Writes ``benchmarks/results/pipeline_interleaved.{json,md}``. On 2 shared cores the
 ratio is a measurement of this machine at that moment: label it with the load.
+
+``--isolated``: each device in a worker process of its own pinned to a core, one
+thread each, as ``pipeline.py --isolated`` runs ZeroBubble (:mod:`pipeline_isolated`'s
+jobs, pairing, traces and table, with ``pipeline.py``'s worker cutting each device's
+layers into v TaskGraphs): interleaved v against PreferBackward per m, with the
+simulator's ratio, the simulated step with each job's measured call times, and the
+late sends. Its section replaces the previous isolated one in the results files; the
+shared-core table above it stays.
 """
 import argparse
 import os
@@ -25,14 +34,18 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 import paired as pairing  # noqa: E402
 import pipeline  # noqa: E402
+import pipeline_isolated  # noqa: E402
 
 DEVICES = 2
+INTERLEAVED = "Interleaved"  # the row's name for measure(); its job is PreferBackward's
+ISOLATED_TITLE = "## Stages on their own cores"
 
 
 def child(args):
     """Serve single steps of one configuration to the driver (paired.py)."""
     os.environ["EPL_NUM_VIRTUAL_DEVICES"] = str(DEVICES)
     import tensorflow.compat.v1 as tf
+    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
     import epl
     tf.logging.set_verbosity(tf.logging.ERROR)
     epl.init(epl.Config({"pipeline.num_micro_batch": args.child_micro_batches,
@@ -118,6 +131,59 @@ def report(args, found, load_start):
     print(markdown)
 
 
+def isolated(args):
+    """Interleaved v against PreferBackward with each device on a core of its own;
+    the section goes into the results files beside the shared-core table."""
+    import argparse
+    import tempfile
+    from epl.strategies.schedule import interleaved, timed
+    worker = argparse.Namespace(**dict(vars(args), steps=1))
+
+    def chunks(strategy):
+        return args.chunks if strategy == INTERLEAVED else 1
+
+    def schedules(strategy, m, memory):
+        del memory
+        return interleaved(DEVICES, m, chunks(strategy))
+
+    def argv(m, strategy, memory):
+        return pipeline.isolated_worker_argv(worker, m, "PreferBackward", memory,
+                                             chunks(strategy))
+
+    def simulated(strategy, m, memory="pipeline"):
+        return timed.makespan(schedules(strategy, m, memory)), None
+    log_dir = tempfile.mkdtemp(prefix="epl_interleaved_isolated_")
+    print("worker 1 logs: %s" % log_dir, flush=True)
+    rows = (("interleaved v=%d" % args.chunks, INTERLEAVED, "pipeline"),)
+    found = pipeline_isolated.measure(argv, args.micro_batches, rows, args.pairs, log_dir,
+                                      simulated, schedules)
+    info = common.environment_info(sys.argv)
+    section = pipeline_isolated.report_lines(found, args)
+    section[0] = "%s: interleaved v = %d" % (ISOLATED_TITLE, args.chunks)
+    section[1:1] = ["", "- Command: `%s`" % info["command"],
+                    "- Date: %s; EPL git %s; load average at start %s" % (
+                        info["date"], info["git_revision"], info["loadavg_start"]),
+                    "- Model: %d dense layers of width %d per device (PreferBackward: one "
+                    "TaskGraph per device; interleaved: %d of %d), micro-batch %d, "
+                    "GradientDescent; %d warm-up steps per job" % (
+                        args.layers, args.width, args.chunks, args.layers // args.chunks,
+                        args.batch, args.warmup)]
+    if args.label:
+        section[1:1] = ["", "**%s**" % args.label]
+    payload = common.read_results(args.out, "pipeline_interleaved") or {}
+    payload["isolated"] = {"environment": info, "settings": dict(
+        vars(args), out=common.portable_path(args.out)),
+        "rows": dict((str(m), v) for m, v in found.items())}
+    try:
+        with open(os.path.join(args.out, "pipeline_interleaved.md")) as handle:
+            kept = handle.read().split("\n" + ISOLATED_TITLE)[0].rstrip("\n")
+    except OSError:
+        kept = "# Interleaved stages against 1F1B"
+    markdown = "\n".join([kept, ""] + section)
+    common.write_results(args.out, "pipeline_interleaved", payload, markdown)
+    print("\n".join(section))
+
+
 def main(argv=None):
     common.measure_tensors_not_chunks()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -130,6 +196,9 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=12)
     parser.add_argument("--label", default="", help="a note under the title, e.g. the load")
+    parser.add_argument("--isolated", action="store_true",
+                        help="each device in a worker process pinned to a core of its own "
+                             "(pipeline_isolated.py), against PreferBackward")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--child-micro-batches", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--child-chunks", type=int, default=1, help=argparse.SUPPRESS)
@@ -139,6 +208,9 @@ def main(argv=None):
         return 0
     if args.layers % args.chunks:
         parser.error("--layers %d is not a multiple of --chunks %d" % (args.layers, args.chunks))
+    if args.isolated:
+        isolated(args)
+        return 0
     load_start = os.getloadavg()[0]
     report(args, measure(args), load_start)
     return 0

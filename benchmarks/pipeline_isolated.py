@@ -92,22 +92,29 @@ def late_sends(traces):
 class MeasuredCosts(object):
     """Costs for ``epl.strategies.schedule.timed`` from :func:`action_ms`: each stage's
     own F, B and W (a schedule that does not split the backward measured B fused; an
-    action no call ran, such as stage 0's B, costs nothing)."""
+    action no call ran, such as stage 0's B, costs nothing). ``scale``: the timed
+    simulator divides an interleaved chunk's cost by the chunks per device (a chunk is
+    that share of a stage), so a chunk's measured time is scaled up by as much."""
 
-    def __init__(self, measured):
-        self.measured = measured
+    def __init__(self, measured, scale=1):
+        self.measured, self.scale = measured, scale
 
     def of(self, action, split):
         del split  # the measured B is already fused or not, as the schedule ran it
-        return self.measured.get("%d%s" % (action.stage, action.kind), 0.0)
+        return self.scale * self.measured.get("%d%s" % (action.stage, action.kind), 0.0)
 
 
-def simulated_with(measured, strategy, micro_batches, memory):
-    """The simulated step (ms) of a schedule with its own measured action costs."""
-    from epl.strategies.schedule import get_schedule, timed
+def schedule_of(strategy, micro_batches, memory):
+    """The schedule a row's job runs (``measure``'s default)."""
+    from epl.strategies.schedule import get_schedule
     options = {"memory": memory} if strategy == "ZeroBubble" else {}
-    schedule = get_schedule(strategy, len(CORES), micro_batches, **options)
-    return timed.makespan(schedule, MeasuredCosts(measured))
+    return get_schedule(strategy, len(CORES), micro_batches, **options)
+
+
+def simulated_with(measured, schedule):
+    """The simulated step (ms) of ``schedule`` with its own measured action costs."""
+    from epl.strategies.schedule import timed
+    return timed.makespan(schedule, MeasuredCosts(measured, schedule.num_virtual_stages))
 
 
 def free_hosts(count):
@@ -151,10 +158,12 @@ class PinnedJob(pairing.StepServer):
         self.log.close()
 
 
-def measure(child_argv, micro_batches, rows, pairs, log_dir, simulated):
+def measure(child_argv, micro_batches, rows, pairs, log_dir, simulated, schedules=schedule_of):
     """{m: {row label: result}}: each row's paired ratio to PreferBackward (median and
     quartiles), both schedules' median steps and the simulator's ratio.
-    ``child_argv(m, strategy, memory)`` is the argv of one worker of a job."""
+    ``child_argv(m, strategy, memory)`` is the argv of one worker of a job,
+    ``schedules(strategy, m, memory)`` the schedule it runs (pipeline_interleaved.py
+    names interleaved rows its own way)."""
     found = {}
     for m in micro_batches:
         found[m] = {}
@@ -171,10 +180,13 @@ def measure(child_argv, micro_batches, rows, pairs, log_dir, simulated):
             ratios = [a / b for a, b in zip(steps["other"], steps["base"])]
             costs = dict((name, server.ready.get("action_ms", {})) for name, server in servers)
             late = dict((name, server.ready.get("late_sends")) for name, server in servers)
-            base_ms = simulated_with(costs["base"], "PreferBackward", m, "pipeline")
-            other_ms = simulated_with(costs["other"], strategy, m, memory)
+            by_name = dict(servers)
+            cpu = pairing.cpu_ratio(by_name["other"].cpu, by_name["base"].cpu)
+            base_ms = simulated_with(costs["base"], schedules("PreferBackward", m, "pipeline"))
+            other_ms = simulated_with(costs["other"], schedules(strategy, m, memory))
             found[m][label] = {
                 "action_ms": costs, "late_sends": late,
+                "worker0_cpu_ratio": cpu[0] if cpu else None,
                 "simulated_ms": {"base": base_ms, "other": other_ms},
                 "simulated_measured": other_ms / base_ms if base_ms else None,
                 "median": statistics.median(ratios), "quartiles": pairing.quartiles(ratios),
@@ -202,7 +214,7 @@ def report_lines(found, args):
                          "%.3f-%.3f" % tuple(r["quartiles"]), "%.3f" % r["simulated"], gain,
                          _ratio(r["simulated_measured"]), _costs(r["action_ms"]["other"]),
                          "%.0f / %.0f" % (r["simulated_ms"]["base"], r["simulated_ms"]["other"]),
-                         _late(r.get("late_sends")),
+                         _late(r.get("late_sends")), _ratio(r.get("worker0_cpu_ratio")),
                          "%s / %s" % (_load(r["load_before"]), _load(r["load_after"]))])
     return [
         "## Stages on their own cores (2 worker processes, `taskset`, 1 thread each)", "",
@@ -218,13 +230,17 @@ def report_lines(found, args):
         "when the backward is split) and gives the ratio and both simulated steps, to set "
         "beside the measured steps. Late sends: of the tensors an action hands to the "
         "other worker in the traced steps, how many left only after the stage had "
-        "started another action (an order, which the load does not move)."
+        "started another action (an order, which the load does not move). Worker 0 CPU: "
+        "the median ratio of worker 0's (stage 0's process) CPU seconds per step to "
+        "PreferBackward's, which other processes' load moves far less than wall time: "
+        "a schedule saves idle time, not work, so it should read about 1."
         % (args.pairs, TRACED_STEPS), "",
         common.markdown_table(["schedule", "m", "PreferBackward step ms", "step ms",
                                "step / PreferBackward (median)", "quartiles", "simulated",
                                "of predicted gain", "simulated, measured costs",
                                "F/B/W ms per stage", "simulated ms (PreferBackward / row)",
-                               "late sends (PreferBackward / row)", "load"], rows), ""]
+                               "late sends (PreferBackward / row)",
+                               "worker 0 CPU s / PreferBackward", "load"], rows), ""]
 
 
 def _ratio(value):

@@ -126,6 +126,7 @@ def child(args):
     devices, layout = args.child_devices, args.child_layout
     os.environ["EPL_NUM_VIRTUAL_DEVICES"] = str(devices)
     import tensorflow.compat.v1 as tf
+    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
     import epl
     from epl.profiler.run_metadata import device_memory_stats
     tf.logging.set_verbosity(tf.logging.ERROR)

@@ -157,6 +157,7 @@ def _lowering(tf):
 def child(args):
     """Build, create the session, first step, steady steps; one BENCH line."""
     import tensorflow.compat.v1 as tf
+    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
     import shapes
     log, phases = [], Phases()
     _record_runs(log)

@@ -93,6 +93,7 @@ def session_peaks(tf, model, settings, traced):
 def measure(args):
     """[{model, lowering, schedule, peaks, ratios}] for every row."""
     import tensorflow.compat.v1 as tf
+    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
     rows = []
     for model in args.models:
         for lowering in LOWERINGS:

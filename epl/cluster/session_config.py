@@ -25,16 +25,25 @@ def session_config(cluster, base=None, device_filters=None, calls_functions=Fals
     ResNet-style pipeline and did not close its CPU gap to unrolled copies;
     docs/design.md, issue 41 item 3).
 
-    ``ordered_sends``: the graph is a pipeline whose schedule lowering sends each
+    ``ordered_sends``: the graph is a pipeline, whose schedule lowering orders each
+    stage's actions with barrier no-ops (:mod:`epl.parallel.passes.pipeline`), under
+    either lowering of the repeated step; with stage functions it also sends each
     action's outputs to the next stage through an Identity ordered after the
-    stage's schedule barrier (:mod:`epl.parallel.passes.pipeline`). Grappler's
-    dependency optimizer then turns off (unless the user's config sets it): it
-    removes the barrier no-ops and those Identities (the latter because, once the
-    barrier's edges move to the calls, the Identity only forwards its input), and
-    then TF's executor may run the _Send after the stage's next actions (on a
-    2-stage pipeline with stages on their own cores, ZeroBubble's steps fell into
-    a slow mode in some processes and not others). It only prunes control edges,
-    so turning it off changes no result.
+    barrier. Grappler's dependency optimizer then turns off (unless the user's
+    config sets it). In a distributed session (where grappler runs on the main
+    graph) it removes the barriers of both lowerings (10 of 14 per worker of an
+    unrolled 2-stage pipeline at m = 4; every barrier with stage functions), moving
+    their edges to their neighbours, so the stage order survives, but the graph
+    that runs is no longer the one the lowering built; and it removes the send
+    Identities (once the barrier's edges move to the calls, an Identity only
+    forwards its input), after which TF's executor may run the _Send after the
+    stage's next actions (on a 2-stage pipeline with stages on their own cores,
+    ZeroBubble's steps fell into a slow mode in some processes and not others).
+    One rule for every pipeline keeps the barriers where the lowering put them
+    (traces and the late-send counts of ``benchmarks/pipeline_isolated.py`` name
+    them) whichever lowering the plan picked (tests/multiworker/
+    test_schedule_barriers_workers.py). It only prunes control edges, so turning
+    it off changes no result.
 
     A session in one process (no server) places only the ops each run needs
     (``place_pruned_graph``): by default TF places the whole graph at the first

@@ -111,6 +111,11 @@ def _parallel(view):
 
 
 def _wrap_session_init(original, provider):
+    """Sessions get EPL's ConfigProto for the graph's plan (session_config). Every
+    pipelined plan gets ``ordered_sends``, whichever lowering repeats its step: the
+    schedule barriers of unrolled copies are removed by grappler's dependency
+    optimizer in distributed sessions as well as stage functions' send Identities
+    (tests/multiworker/test_schedule_barriers_workers.py)."""
     @functools.wraps(original)
     def __init__(self, target="", graph=None, config=None):
         env = provider()

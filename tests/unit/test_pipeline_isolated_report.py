@@ -42,10 +42,22 @@ def test_simulated_with_measured_costs():
     # Stage 0's backward is all W (nothing before it waits for input gradients): no B.
     zb = {"0F": 1.0, "0W": 2.0, "1F": 1.0, "1B": 1.0, "1W": 1.0}
     pb = {"0F": 1.0, "0B": 2.0, "1F": 1.0, "1B": 2.0}
-    assert isolated.simulated_with(pb, "PreferBackward", 4, "pipeline") == 15.0
-    assert isolated.simulated_with(zb, "ZeroBubble", 4, "pipeline") == 13.0
+    schedule = lambda name: isolated.schedule_of(name, 4, "pipeline")
+    assert isolated.simulated_with(pb, schedule("PreferBackward")) == 15.0
+    assert isolated.simulated_with(zb, schedule("ZeroBubble")) == 13.0
     slow_w = dict(zb, **{"1W": 3.0})
-    assert isolated.simulated_with(slow_w, "ZeroBubble", 4, "pipeline") > 13.0
+    assert isolated.simulated_with(slow_w, schedule("ZeroBubble")) > 13.0
+
+
+def test_interleaved_chunks_are_simulated_at_their_measured_times():
+    """A chunk's call time is what it measured: the simulator's division of a chunk's
+    cost by the chunks per device is undone (pipeline_interleaved.py --isolated)."""
+    from epl.strategies.schedule import interleaved, timed
+    schedule = interleaved(2, 4, 2)
+    # unit costs: a stage's F 1 and its fused backward 2 (B + W), so a chunk's 0.5 and 1
+    halves = dict(("%d%s" % (stage, kind), cost) for stage in range(4)
+                  for kind, cost in (("F", 0.5), ("B", 1.0)))
+    assert isolated.simulated_with(halves, schedule) == timed.makespan(schedule)
 
 
 def test_report_rows():
@@ -58,10 +70,13 @@ def test_report_rows():
     lines = isolated.report_lines({4: {"ZeroBubble": row}}, argparse.Namespace(pairs=4))
     table = [line for line in "\n".join(lines).splitlines() if line.startswith("| ZeroBubble")]
     assert table == ["| ZeroBubble | 4 | 1000 | 900 | 0.900 | 0.850-0.950 | 0.867 | 75% | "
-                     "0.880 | 0: 10.0/0.0/20.0; 1: 10.0/9.0/11.0 | 150 / 132 | - | 3.00 / - |"]
+                     "0.880 | 0: 10.0/0.0/20.0; 1: 10.0/9.0/11.0 | 150 / 132 | - | - | 3.00 / - |"]
     row["late_sends"] = {"base": (2, 8), "other": (0, 8)}
     lines = isolated.report_lines({4: {"ZeroBubble": row}}, argparse.Namespace(pairs=4))
-    assert "| 150 / 132 | 2 of 8 / 0 of 8 | 3.00 / - |" in "\n".join(lines)
+    assert "| 150 / 132 | 2 of 8 / 0 of 8 | - | 3.00 / - |" in "\n".join(lines)
+    row["worker0_cpu_ratio"] = 1.015  # a schedule saves idle time, not work
+    lines = isolated.report_lines({4: {"ZeroBubble": row}}, argparse.Namespace(pairs=4))
+    assert "| 2 of 8 / 0 of 8 | 1.015 | 3.00 / - |" in "\n".join(lines)
 
 
 def _timed(name, start, micros):
