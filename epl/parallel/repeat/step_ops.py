@@ -30,41 +30,20 @@ def constant_expressions(ops, per_copy=()):
     expression once per micro-batch when the session starts.
     """
     names = set(op.name for op in ops)
-    candidate = _Candidates(per_copy)
-    shared, pending, producers = set(), [], {}
-    for op in ops:
-        name = op.name
-        if candidate(op, name):
-            pending.append(name)
-            # read from TF once: the rounds below look at each op's inputs many times
-            producers[name] = [(t.op, t.op.name) for t in op.inputs]
+    shared = set()
+    pending = [op for op in ops if _may_be_constant(op) and op.name not in per_copy]
     while pending:  # a fixed point: each round adds the ops whose inputs are now known
         later = []
-        for name in pending:
-            if all(source in shared for _, source in producers[name]):
-                shared.add(name)
-            elif all(source in names and candidate(producer, source)
-                     for producer, source in producers[name]):
-                later.append(name)
+        for op in pending:
+            if all(t.op.name in shared for t in op.inputs):
+                shared.add(op.name)
+            elif all(t.op.name in names and _may_be_constant(t.op)
+                     and t.op.name not in per_copy for t in op.inputs):
+                later.append(op)
         if len(later) == len(pending):
             break
         pending = later
     return shared
-
-
-class _Candidates(object):
-    """Whether an op may be a constant expression (:func:`_may_be_constant`, not built
-    per copy), asked of TF once per op."""
-
-    def __init__(self, per_copy):
-        self.per_copy = per_copy
-        self.known = {}
-
-    def __call__(self, op, name):
-        found = self.known.get(name)
-        if found is None:
-            found = self.known[name] = name not in self.per_copy and _may_be_constant(op)
-        return found
 
 
 def _may_be_constant(op):
