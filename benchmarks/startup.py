@@ -40,6 +40,15 @@ with what ``epl.init`` selects (TF's BFC allocator for CPU jobs) unless
     .venv/bin/python benchmarks/startup.py --shapes bert --rows plain,pipe/stage_functions
     .venv/bin/python benchmarks/startup.py --rows plain,plain+ckpt   # TF's own step-0 save
     .venv/bin/python benchmarks/startup.py --baseline /tmp/epl-main   # before/after a change
+    .venv/bin/python benchmarks/startup.py --snapshots off   # as `python train.py` runs
+
+``--snapshots off`` runs the EPL rows as a user's ``python train.py`` does, without
+EPL's snapshots (``EPL_CHECKPOINT_SNAPSHOT_STEPS=0``; under ``epl-launch`` a job writes
+a snapshot at step 0 and every ``checkpoint.snapshot_steps`` steps): with the default
+rows, the difference splits an EPL row's extra cost into the step-0 snapshot and the
+rest. Every launched EPL row reports the snapshot steps its directory holds after
+the first run, and a row that holds one it should not (or lacks step 0 with
+snapshots on) fails, so that the label cannot lie.
 
 ``--baseline DIR`` (a checkout of the code before a change, its op library built)
 runs every EPL row with that checkout's ``epl`` as well, the two in turn for each
@@ -74,6 +83,7 @@ PLAIN_CHECKPOINT = "plain+ckpt"  # plain TF with MonitoredTrainingSession(checkp
 SHAPES = ("mid", "bert", "resnet", "moe")  # shapes.SHAPES also has bert_mid (issue 41's question)
 PHASES = ("build", "session", "first_run")
 BEFORE, CURRENT = "before", "after"  # with --baseline: its code, this checkout's
+SNAPSHOT_STEPS_VARIABLE = "EPL_CHECKPOINT_SNAPSHOT_STEPS"  # checkpoint.snapshot_steps
 TIMEOUT = 3600
 
 
@@ -181,6 +191,7 @@ def child(args):
         sess.run(built.train)
     phases.stop("first_run", started)
     first_runs = len(log)
+    snapshot_steps = _snapshot_steps()
     steps, step_cpu = [], []
     for _ in range(args.steady_steps):
         wall, cpu = time.time(), time.process_time()
@@ -197,7 +208,34 @@ def child(args):
         runs=log[:first_runs],
         lowering=_lowering(tf) if not is_plain(args.mode) else None,
         allocator=os.environ.get(common.BFC_VARIABLE, "unset"), epl_path=epl_path,
-        other_cpu_seconds=phases.other_cpu_seconds(), **_graph_counts(tf)))
+        other_cpu_seconds=phases.other_cpu_seconds(), snapshot_steps=snapshot_steps,
+        **_graph_counts(tf)))
+
+
+def _snapshot_steps():
+    """Steps of the snapshot directories the job holds after the first run (the step-0
+    snapshot is committed before the first run returns), or None without a snapshot
+    directory (plain TF, an in-process cluster)."""
+    root = os.environ.get("EPL_CHECKPOINT_SNAPSHOT_DIR")
+    if not root:
+        return None
+    from epl.session import snapshot_store
+    return snapshot_store.steps(root)
+
+
+def check_snapshots(result, snapshots, what):
+    """Raise BenchmarkError when a row's snapshot directory disagrees with its label:
+    with snapshots off it holds none, with snapshots on it holds step 0."""
+    found = result.get("snapshot_steps")
+    if found is None:
+        return
+    if snapshots == "off" and found:
+        raise common.BenchmarkError("%s: ran with snapshots off (%s=0) but wrote the "
+                                    "snapshots of steps %s" % (what, SNAPSHOT_STEPS_VARIABLE,
+                                                               found))
+    if snapshots == "on" and 0 not in found:
+        raise common.BenchmarkError("%s: ran with snapshots on but wrote no step-0 snapshot "
+                                    "(steps found: %s)" % (what, found))
 
 
 def is_plain(mode):
@@ -235,12 +273,17 @@ def run_row(args, shape, row, code=None):
         drop = (common.BFC_VARIABLE,)
     else:
         env[common.BFC_VARIABLE] = "1" if args.allocator == "bfc" else "0"
+    if args.snapshots == "off":
+        env[SNAPSHOT_STEPS_VARIABLE] = "0"
+    else:
+        drop += (SNAPSHOT_STEPS_VARIABLE,)
     load = common.load_average()
     what = "%s %s" % (shape, row)
     if not args.in_process and not is_plain(mode):
         result = _launched(argv[2:] + ["--launched"], shapes_devices(mode), env, drop, what)
     else:
         result = common.run_single(argv, TIMEOUT, what, extra_env=env, drop_env=drop)
+    check_snapshots(result, args.snapshots, what)
     result["load_before"] = load
     # results name the code, not a machine path (epl_path: which checkout's epl it imported)
     result["code"] = "baseline" if code else "this checkout"
@@ -358,6 +401,8 @@ def table_rows(records):
         run, plain = record["run"], record.get("plain")
         mode, _, lowering = record["row"].partition("/")
         mode += " (in-process)" if not record.get("launched") and not is_plain(mode) else ""
+        mode += " (no snapshots)" if record.get("snapshots") == "off" and not is_plain(mode) \
+            else ""
         mode += " [before]" if record.get("side") == BEFORE else ""
         head = [record["shape"], mode, (run.get("lowering") or lowering or "-")
                 + (" (default)" if record.get("default") else "")]
@@ -378,7 +423,7 @@ def records_of(runs, args):
             for side in sides(args, row, 0):
                 run = best(runs[(shape, row, side)])
                 records.append(dict(shape=shape, row=row, run=run, plain=plain, side=side,
-                                    default=_is_default(row, run),
+                                    default=_is_default(row, run), snapshots=args.snapshots,
                                     launched=not args.in_process and not is_plain(row)))
     return records
 
@@ -411,7 +456,9 @@ def markdown(payload):
         "executors for each new run signature), less sensitive to other processes than wall "
         "time; CPU s first step = the whole process's; load = 1-min load average before the "
         "run; others' CPU s = CPU seconds other processes used during the run; [before] = "
-        "the --baseline checkout's code, run in turn with this checkout's", "",
+        "the --baseline checkout's code, run in turn with this checkout's; EPL rows under "
+        "epl-launch write the job's step-0 snapshot unless labelled (no snapshots) "
+        "(--snapshots off: checkpoint.snapshot_steps=0, checked: no snapshot written)", "",
         common.markdown_table(HEADERS, table_rows(payload["records"])), "",
         "## Where session creation and the first run go", "",
         "Each TF run of session creation, then (after `|`) of the first run, as `op: process "
@@ -438,7 +485,7 @@ def _runs_cells(run):
 
 def _key(record):
     return (record["shape"], record["row"], bool(record.get("launched")),
-            record.get("side", CURRENT))
+            record.get("side", CURRENT), record.get("snapshots", "on"))
 
 
 def merged(out, records, runs):
@@ -449,7 +496,8 @@ def merged(out, records, runs):
     kept = [r for r in old["records"] if _key(r) not in fresh]
     order = lambda r: (list(SHAPES + ("bert_mid",)).index(r["shape"]) if r["shape"] in
                        SHAPES + ("bert_mid",) else 99, bool(r.get("launched")),
-                       list(ROWS).index(r["row"]), r.get("side") != BEFORE)
+                       list(ROWS).index(r["row"]), r.get("snapshots") == "off",
+                       r.get("side") != BEFORE)
     return sorted(kept + records, key=order), old["runs"] + runs
 
 
@@ -470,6 +518,10 @@ def main(argv=None):
                         help="a checkout of the code before a change (its epl is imported; "
                         "its op library built): each EPL row also runs with it, in turn with "
                         "this checkout")
+    parser.add_argument("--snapshots", choices=("on", "off"), default="on",
+                        help="off: EPL rows without EPL's snapshots (%s=0), as a user's "
+                        "`python train.py` runs; labelled '(no snapshots)'"
+                        % SNAPSHOT_STEPS_VARIABLE)
     parser.add_argument("--in-process", action="store_true",
                         help="give EPL rows an in-process cluster (epl.Cluster) instead of "
                         "starting them with epl-launch, as users do")

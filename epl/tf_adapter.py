@@ -139,15 +139,25 @@ def module_targets(value, names, prefixes=None):
     own module is in ``sys.modules``. TensorFlow's deprecation wrappers
     (``tf.train`` in 1.15) forward to the module they wrap, which is read too.
     """
+    return targets_of_values((value,), names, prefixes)[0]
+
+
+def targets_of_values(values, names, prefixes=None):
+    """:func:`module_targets` of each of ``values`` (a list per value, in order), from
+    one scan of the imported modules: a scan reads every module's namespace, and
+    ``epl.init`` looks for several functions among the same attribute names."""
     import sys
-    targets = []
+    index = dict((id(value), position) for position, value in enumerate(values))
+    targets = [[] for _ in values]
     for module in list(sys.modules.values()):
         if module is None or (prefixes and not getattr(module, "__name__", "").startswith(
                 prefixes)):
             continue
         for name in names:
-            if _loaded_attribute(module, name) is value:
-                targets.append((module, name))
+            found = _loaded_attribute(module, name)
+            position = index.get(id(found))
+            if position is not None and found is values[position]:
+                targets[position].append((module, name))
     return targets
 
 

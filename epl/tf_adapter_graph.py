@@ -116,11 +116,7 @@ def drop_outside_colocation(node, names):
 
 def colocation_root(op):
     """Name of the op that ``op`` is explicitly colocated with, or None."""
-    try:
-        groups = op.get_attr("_class")
-    except ValueError:
-        return None
-    for group in groups:
+    for group in _impl.colocation_groups(op) or ():
         name = group.decode() if isinstance(group, bytes) else group
         if name.startswith("loc:@"):
             return name[len("loc:@"):]

@@ -66,3 +66,11 @@ def serialize_iterator(tf, resource):
     """The state of a tf.data iterator. TF 2.x would only warn about state it cannot save
     (a py_func's) and drop it; policy 2 (fail) makes that an error EPL reports."""
     return tf.raw_ops.SerializeIterator(resource_handle=resource, external_state_policy=2)
+
+
+def colocation_groups(op):
+    """``op``'s ``_class`` attribute (its colocation groups), or None without one."""
+    try:
+        return op.get_attr("_class")
+    except ValueError:
+        return None

@@ -17,7 +17,7 @@ import collections
 
 from epl import tf_adapter
 from epl.ir.phase import Phase
-from epl.ir.traverse import ancestors
+from epl.ir.traverse import ancestors, unique_ops
 
 GET_NEXT_TYPES = frozenset([
     "IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional",
@@ -54,10 +54,11 @@ def input_pipeline_ops(tf_graph):
     roots = [op.inputs[0].op for op in get_next]
     roots += [op for op in ops if any(t.dtype == tf_adapter.tf.variant for t in op.outputs)]
     names = ancestors(roots)
-    handles = set(op.inputs[0].op.name for op in get_next)
-    for op in ops:
-        if op.type not in GET_NEXT_TYPES and any(t.op.name in handles for t in op.inputs):
-            names.add(op.name)
+    # the handles' readers, from the handles' consumers (not a second scan of every op's
+    # inputs: each input's op name is a TF call)
+    for handle in unique_ops(op.inputs[0].op for op in get_next):
+        for output in handle.outputs:
+            names.update(op.name for op in output.consumers() if op.type not in GET_NEXT_TYPES)
     return names
 
 

@@ -23,11 +23,12 @@ from epl.protocols.hooks import Patch
 from epl.tf_adapter import tf
 
 
-def _targets(function):
-    """Every (module, attribute) of TensorFlow whose value is ``function``."""
-    return tf_adapter.module_targets(
-        function, ("sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_with_logits",
-                   "argmax", "top_k", "equal", "einsum"), ("tensorflow", "tensorflow_core"))
+def _targets(functions):
+    """For each of ``functions``, every (module, attribute) of TensorFlow whose value it
+    is (one scan of TensorFlow's modules for all of them)."""
+    return tf_adapter.targets_of_values(
+        functions, ("sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_with_logits",
+                    "argmax", "top_k", "equal", "einsum"), ("tensorflow", "tensorflow_core"))
 
 
 def _busy(tensor):
@@ -155,11 +156,12 @@ def patches(provider):
     result = [Patch("ops", (tf.keras.layers.Dense, "build"), _wrap_build),
               Patch("ops", tf_adapter.GET_SEED, seeds.wrap_get_seed),
               Patch("ops", (tf.VariableScope, "get_variable"), _wrap_get_variable)]
-    for target in _targets(tf.einsum):
+    found = _targets([tf.einsum] + [function for function, _, _, _ in _FUNCTIONS])
+    for target in found[0]:
         result.append(Patch("ops", target, _wrap_einsum))
-    for function, call, tensor_args, check in _FUNCTIONS:
+    for (_, call, tensor_args, check), targets in zip(_FUNCTIONS, found[1:]):
         make = (lambda original, call=call, tensor_args=tensor_args, check=check:
                 _dispatch(original, call, tensor_args, check))
-        for target in _targets(function):
+        for target in targets:
             result.append(Patch("ops", target, make))
     return result
