@@ -97,8 +97,8 @@ def _reductions_into_b(stage_of, needed, gated):
     Why: such an op reads an output gradient ``dy`` that B has just written. Run in B,
     it reads ``dy`` while it is still in the core's cache; run in W, after the
     stage's other actions, it reads it back from memory: on the dense stacks of
-    ``benchmarks/pipeline.py`` (2048 x 256 rows), ``BiasAddGrad`` took 0.26 ms in W
-    against 0.13 ms in a fused backward, about 1 ms per micro-batch of a split
+    ``benchmarks/pipeline.py`` (2048 x 256 rows), ``BiasAddGrad`` took 0.28 ms in W
+    against 0.14 ms in a fused backward, about 1 ms per micro-batch of a split
     8-layer stage (docs/pipeline_schedules.md, speed). B grows by the hot reduction,
     W shrinks by the cold one and keeps the large work (``x^T . dy``, which reads the
     forward's activations); what B hands over grows by the reduced result, which is
