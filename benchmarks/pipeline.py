@@ -32,7 +32,10 @@ two worker processes pinned to one core each (``taskset``, one thread each), and
 PreferForward, ZeroBubble and ZeroBubble with per-stage memory are each stepped in
 turn with PreferBackward at m = 4, 8, 16; ``--quick``: ZeroBubble at m = 4 only::
 
-    .venv/bin/python benchmarks/pipeline.py --isolated [--quick] [--pairs 16]
+    .venv/bin/python benchmarks/pipeline.py --isolated [--quick] [--pairs 16] \
+        [--micro-batches 8] [--lowering unrolled]
+
+``--lowering`` sets ``pipeline.micro_batching`` of every job (both sides of a pair).
 
 Each configuration runs in a fresh child process with a hard timeout.
 """
@@ -97,7 +100,8 @@ def child(args):
     m = args.child_micro_batches
     batch = args.batch
     settings = {"pipeline.num_micro_batch": m, "pipeline.strategy": args.strategy,
-                "pipeline.zero_bubble_memory": args.zero_bubble_memory}
+                "pipeline.zero_bubble_memory": args.zero_bubble_memory,
+                "pipeline.micro_batching": args.lowering}
     if args.child_chunks > 1:  # interleaved stages (pipeline_interleaved.py --isolated)
         settings["pipeline.num_virtual_stages"] = args.child_chunks
     epl.init(epl.Config(settings))
@@ -149,7 +153,7 @@ def _child_argv(args, micro_batches, strategy, memory="pipeline", steps=None, de
             "--width", str(args.width), "--layers", str(args.layers), "--steps",
             str(steps or args.steps), "--warmup", str(args.warmup),
             "--zero-bubble-memory", memory, "--devices-per-worker", str(devices),
-            "--child-chunks", str(chunks)]
+            "--child-chunks", str(chunks), "--lowering", getattr(args, "lowering", "auto")]
 
 
 def isolated_worker_argv(args, micro_batches, strategy, memory, chunks=1):
@@ -379,7 +383,10 @@ def main(argv=None):
     common.measure_tensors_not_chunks()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--micro-batches", type=lambda t: [int(v) for v in t.split(",")],
-                        default=[1, 2, 4, 8])
+                        default=None,
+                        help="m values of the main table (default 1,2,4,8); with --isolated, "
+                             "the m values of its rows (default: --schedule-micro-batches, "
+                             "or 4 with --quick)")
     parser.add_argument("--batch", type=int, default=2048, help="micro-batch size")
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--layers", type=int, default=8, help="dense layers per stage")
@@ -407,8 +414,15 @@ def main(argv=None):
                         help="only the table with each stage in its own worker process on "
                              "its own core (pipeline_isolated.py)")
     parser.add_argument("--quick", action="store_true",
-                        help="with --isolated: ZeroBubble against PreferBackward at m = 4 only")
+                        help="with --isolated: ZeroBubble against PreferBackward only, at "
+                             "m = 4 unless --micro-batches says otherwise")
+    parser.add_argument("--lowering", default="auto",
+                        choices=("auto", "stage_functions", "unrolled"),
+                        help="pipeline.micro_batching of every job (auto: stage functions)")
     args = parser.parse_args(argv)
+    args.isolated_micro_batches = args.micro_batches
+    if args.micro_batches is None:
+        args.micro_batches = [1, 2, 4, 8]
     if args.child_micro_batches:
         child(args)
         return 0

@@ -266,7 +266,8 @@ def _load(value):
 def run(args, child_argv, simulated):
     """The ``--isolated`` mode of pipeline.py: measure, write pipeline_isolated.{json,md}."""
     start = time.time()
-    micro_batches = QUICK_MICRO_BATCHES if args.quick else args.schedule_micro_batches
+    micro_batches = (getattr(args, "isolated_micro_batches", None)
+                     or (QUICK_MICRO_BATCHES if args.quick else args.schedule_micro_batches))
     rows = QUICK_ROWS if args.quick else ROWS
     log_dir = tempfile.mkdtemp(prefix="epl_pipeline_isolated_")
     print("worker 1 logs: %s" % log_dir, flush=True)
@@ -278,8 +279,9 @@ def run(args, child_argv, simulated):
              "- %s, %s CPUs; load average at start %s" % (
                  info["cpu_model"], info["cpu_count"], info["loadavg_start"]),
              "- Model: per stage %d dense layers of width %d; micro-batch %d; "
-             "GradientDescent; %d warm-up steps per job" % (
-                 args.layers, args.width, args.batch, args.warmup), ""]
+             "GradientDescent; %d warm-up steps per job; pipeline.micro_batching %s" % (
+                 args.layers, args.width, args.batch, args.warmup,
+                 getattr(args, "lowering", "auto")), ""]
     if args.label:
         lines += ["**%s**" % args.label, ""]
     lines += report_lines(found, args)

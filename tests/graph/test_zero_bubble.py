@@ -133,6 +133,22 @@ def test_weight_gradients_are_w_and_input_gradients_are_b():
     assert not b_ops & weights and b_ops
 
 
+def test_bias_gradients_run_in_b():
+    """Stage 1's bias gradient (``BiasAddGrad``, a sum over the rows of the output
+    gradient B has just computed) runs in B, while that gradient is still in cache;
+    the kernel gradient (``x^T . dy``) stays W."""
+    _pipeline(2, 2, 2, lowering="stage_functions", steps=1)
+    library = tf.get_default_graph().as_graph_def().library.function
+    kinds = dict((f.signature.name, set(n.op for n in f.node_def)) for f in library
+                 if f.signature.name.startswith("EPL_stage1_"))
+    backward = [ops for name, ops in kinds.items() if "backward" in name]
+    weights = [ops for name, ops in kinds.items() if "weights" in name]
+    assert backward and weights
+    assert any("BiasAddGrad" in ops for ops in backward)
+    assert not any("BiasAddGrad" in ops for ops in weights)
+    assert any("MatMul" in ops for ops in weights)
+
+
 class _Ctx(object):
     def __init__(self, view):
         self.view, self.tf_graph = view, tf.get_default_graph()
