@@ -176,6 +176,7 @@ def markdown(rows, info):
     header = ["per step, stage 1", "PreferBackward", "ZeroBubble", "difference",
               "per split micro-batch"]
     cpu = [rows[s]["cpu_seconds"] * 1e3 for s in SCHEDULES]
+    extra = cpu[1] - cpu[0]
     return "\n".join([
         "# What a split micro-batch costs: ZeroBubble against PreferBackward", "",
         "- `%s`; %s; EPL git %s; %s, %s CPUs; 1-min load before / after %s / %s" % (
@@ -186,8 +187,7 @@ def markdown(rows, info):
         "fused under both)" % (m, info["repeats"], m),
         "- process CPU ms per untraced step (both stages, median of the children's medians): "
         "PreferBackward %.1f, ZeroBubble %.1f, difference %.1f (%.2f per split micro-batch; "
-        "moved by other processes' cache traffic)" % (cpu[0], cpu[1], cpu[1] - cpu[0],
-                                                     (cpu[1] - cpu[0]) / m), "",
+        "moved by other processes' cache traffic)" % (cpu[0], cpu[1], extra, extra / m), "",
         common.markdown_table(header, table_rows(rows, "1", m))])
 
 
