@@ -44,13 +44,15 @@ SCHEDULES = ("PreferBackward", "ZeroBubble")
 CALL_TYPES = ("StatefulPartitionedCall", "PartitionedCall")
 BOOKKEEPING = ("_Arg", "_Retval", "Const", "Identity", "NoOp", "TensorArrayReadV3",
                "TensorArrayWriteV3")
+# TF 2.15.1 runs MatMul as oneDNN's _MklMatMul
+_MATMULS = ("MatMul", "_FusedMatMul", "_MklMatMul")
 # gradients/<layer>/MatMul_grad/MatMul is dy . W^T (B), .../MatMul_1 is x^T . dy (W)
 _GRAD_MATMUL = re.compile(r"MatMul_grad/MatMul(_1)?$")
 
 
 def op_class(op_type, node_name):
     """The row a node's kernel time is summed under: its op type, a matmul by role."""
-    if op_type not in ("MatMul", "_FusedMatMul"):
+    if op_type not in _MATMULS:
         return op_type
     match = _GRAD_MATMUL.search(node_name)
     if match is None:

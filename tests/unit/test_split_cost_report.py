@@ -33,6 +33,8 @@ def test_matmuls_are_told_apart_by_role():
         "MatMul (input gradient)"
     assert split_cost.op_class("MatMul", "gradients/s1_l0/MatMul_grad/MatMul_1") == \
         "MatMul (weight gradient)"
+    assert split_cost.op_class("_MklMatMul", "gradients/s1_l0/MatMul_grad/MatMul") == \
+        "MatMul (input gradient)"  # TF 2.15.1's oneDNN kernel
     assert split_cost.op_class("BiasAddGrad", "gradients/s1_l0/BiasAdd_grad/B") == "BiasAddGrad"
 
 
