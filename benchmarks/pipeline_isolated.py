@@ -42,6 +42,9 @@ _KIND = {"forward": "F", "backward": "B", "weights": "W"}
 # The _Send TF adds for a tensor a call hands to the other worker: named after the call,
 # or after the Identity the schedule lowering sends it through (send_<call, / as _>)
 _SEND = re.compile(r"(?:^|/send_)(EPL_MICRO_BATCH_\d+[/_]EPL_stage\d_\w+?)_S\d+:_Send$")
+# That Identity itself (EPL_SCHEDULE_<n>/send_<call, / as _>): TF 2.15.1's traces hold no
+# _Send (their step stats list the Identity, not the send), so there it stands in for it.
+_SEND_IDENTITY = re.compile(r"(?:^|/)send_(EPL_MICRO_BATCH_\d+_EPL_stage\d_\w+)$")
 
 
 def action_ms(traces):
@@ -68,20 +71,23 @@ def late_sends(traces):
     """(late, all): how many cross-worker _Sends of a stage call's output started only
     after another stage call had started on the same worker, over the traced steps.
     An order, not a time: the load does not move it. 0 means each action's output left
-    before the stage's next action (see docs/pipeline_schedules.md)."""
+    before the stage's next action (see docs/pipeline_schedules.md). A trace without
+    _Send nodes (TF 2.15.1 records none) counts the lowering's send Identities instead:
+    when each output was ready to leave, which a late _Send would follow."""
     late = total = 0
     for run_metadata in traces:
-        calls, sends = {}, []
+        calls, sends, identities = {}, [], []
         for dev in run_metadata.step_stats.dev_stats:
             for node in dev.node_stats:
                 if _CALL.search(node.node_name) and "/host:" not in dev.device:
                     calls[node.node_name] = (node.all_start_micros, node.all_start_micros +
                                              node.all_end_rel_micros, dev.device)
-                match = _SEND.search(node.node_name)
-                if match:
-                    sends.append((match.group(1).replace("_EPL_stage", "/EPL_stage", 1),
-                                  node.all_start_micros))
-        for producer, start in sends:
+                for pattern, found in ((_SEND, sends), (_SEND_IDENTITY, identities)):
+                    match = pattern.search(node.node_name)
+                    if match:
+                        found.append((match.group(1).replace("_EPL_stage", "/EPL_stage", 1),
+                                      node.all_start_micros))
+        for producer, start in sends or identities:
             if producer in calls:
                 _, end, device = calls[producer]
                 total += 1

@@ -102,3 +102,23 @@ def test_late_sends_count_sends_that_follow_another_call_on_their_worker():
         Proto(device="/host:CPU", node_stats=host)]))
     assert isolated.late_sends([trace]) == (1, 2)
     assert isolated.late_sends([trace, trace]) == (2, 4)
+
+
+def test_late_sends_count_the_send_identities_where_a_trace_has_no_send():
+    """TF 2.15.1's traces list the lowering's send Identities but no _Send (checked on
+    .venv-tf2 with ``pipeline.py --isolated --quick``): they stand in for the sends
+    there. Where _Sends are traced (TF 1.15) the Identities beside them do not count."""
+    worker1 = [_timed("EPL_MICRO_BATCH_0/EPL_stage1_backward0", 0, 20),
+               _timed("EPL_SCHEDULE_7/send_EPL_MICRO_BATCH_0_EPL_stage1_backward0", 25, 1),
+               _timed("EPL_MICRO_BATCH_1/EPL_stage1_forward", 20, 30),
+               _timed("EPL_MICRO_BATCH_1/EPL_stage1_backward0", 50, 10),
+               _timed("EPL_SCHEDULE_10/send_EPL_MICRO_BATCH_1_EPL_stage1_backward0", 60, 1),
+               _timed("EPL_MICRO_BATCH_0/EPL_stage1_weights0_first", 70, 10)]
+    tf2 = Proto(step_stats=Proto(dev_stats=[
+        Proto(device="/job:worker/replica:0/task:1/device:CPU:0", node_stats=worker1)]))
+    assert isolated.late_sends([tf2]) == (1, 2)
+    host = [_timed("EPL_SCHEDULE_10/send_EPL_MICRO_BATCH_1_EPL_stage1_backward0_S14:_Send",
+                   61, 1)]
+    tf1 = Proto(step_stats=Proto(dev_stats=tf2.step_stats.dev_stats + [
+        Proto(device="/host:CPU", node_stats=host)]))
+    assert isolated.late_sends([tf1]) == (0, 1)
