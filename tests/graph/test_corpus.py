@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 import corpusutil
+import tensorflow.compat.v1 as tf
 from eplutil import MEASURED
 from realmodels import CORPUS, Bert, ResNet
+from test_call_executors import single_threaded_calls
 
 TOL = 2e-5
 MODES = {
@@ -35,6 +37,8 @@ def test_corpus_mode_matches_serial(model_class, mode):
     arrays = model.data(slices * model.batch * corpusutil.STEPS)
     ref_curve, reference = corpusutil.serial_reference(model, arrays, slices, stats=stats)
     curve, copies = runner(model, arrays)
+    if mode == "pipeline_2x2":  # CPU stage functions run single-threaded where TF can
+        assert single_threaded_calls(tf.get_default_graph())
     worst, where = corpusutil.max_difference(reference, copies, stats)
     _record(worst)
     assert worst < TOL, "%s differs from serial training by %.3g" % (where, worst)
