@@ -10,7 +10,7 @@ child, TF's BFC allocator as ``epl.init`` picks for CPU jobs). The CPU seconds a
 costs (all threads) move far less with other processes' load than its wall time.
 
     .venv/bin/python benchmarks/call_executor.py [--shapes resnet,moe,mid]
-        [--micro-batches 4] [--pairs 16] [--repeats 2]
+        [--micro-batches 4] [--pairs 16] [--repeats 2] [--first default|auto]
 
 Writes benchmarks/results/call_executor.{json,md}.
 """
@@ -41,7 +41,7 @@ def measure(args, shape):
     starts = [(choice, functools.partial(
         paired.StepServer, argv, dict(env, EPL_PIPELINE_CALL_EXECUTOR=choice),
         "%s pipe m=%d call_executor=%s" % (shape, args.micro_batches, choice)))
-        for choice in EXECUTORS]
+        for choice in (EXECUTORS if args.first == EXECUTORS[0] else EXECUTORS[::-1])]
     steps, _, servers = paired.run_pair(starts, args.pairs)
     return dict(steps=steps, load_before=load, micro_batches=args.micro_batches,
                 cpu=dict((c, s.cpu) for c, s in servers),
@@ -94,6 +94,8 @@ def main(argv=None):
     parser.add_argument("--micro-batches", type=common.positive_int, default=4)
     parser.add_argument("--pairs", type=common.positive_int, default=16)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--first", choices=EXECUTORS, default=EXECUTORS[0],
+                        help="the process built (and stepped) first in each pair")
     parser.add_argument("--repeats", type=common.positive_int, default=2,
                         help="process pairs per shape")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
