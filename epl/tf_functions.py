@@ -20,6 +20,9 @@ from epl.tf_adapter import tf
 
 # The call ops whose bodies the profiler looks into.
 CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
+# A call's ``executor_type`` for TF's single-threaded function executor, whose nodes a
+# traced step does not list (epl.parallel.repeat.executors).
+SINGLE_THREADED = "SINGLE_THREADED_EXECUTOR"
 # A call's own function-level rewrites: off (see call_function).
 _DISABLED_REWRITES = _function_utils.get_disabled_rewriter_config()
 
@@ -196,6 +199,13 @@ def set_call_executor(call_op, executor_type):
     ``executor_type`` attribute; empty: TF's default executor)."""
     tf_adapter.set_attr(call_op, "executor_type",
                         _attr_value_pb2.AttrValue(s=tf.compat.as_bytes(executor_type)))
+
+
+def single_threaded_calls(graph):
+    """The call ops of ``graph`` whose bodies run on TF's single-threaded executor."""
+    single = tf.compat.as_bytes(SINGLE_THREADED)
+    return [op for op in graph.get_operations()
+            if op.type in CALL_OPS and op.get_attr("executor_type") == single]
 
 
 def has_ref_outputs(op_type):

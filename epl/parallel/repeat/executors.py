@@ -26,7 +26,10 @@ GPU stages keep the default executor: their kernels are launched asynchronously,
 the executor's per-node cost hides behind device time, while the default executor's
 parallel dispatch overlaps the host-side nodes (``int32`` shape arithmetic stays in
 host memory) with launches; their ``int32`` arguments also live on the host. Not
-measured here (no GPU). ``pipeline.call_executor: default`` turns the choice off.
+measured here (no GPU). The pass runs with ``pipeline.call_executor: auto`` (an
+opt-in: measured no faster on the ResNet-style and MoE pipelines, docs/design.md); TF's
+traced steps do not list the nodes of single-threaded bodies, so EPL's memory
+profiler warns when a graph has such calls.
 """
 import logging
 
@@ -35,7 +38,7 @@ from epl.protocols.passes import LOWER, Pass
 from epl.tf_adapter import tf
 
 LOG = logging.getLogger("epl")
-SINGLE_THREADED = "SINGLE_THREADED_EXECUTOR"
+SINGLE_THREADED = tf_functions.SINGLE_THREADED
 AUTO, DEFAULT = "auto", "default"
 CHOICES = (AUTO, DEFAULT)
 
