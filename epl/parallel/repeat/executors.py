@@ -4,7 +4,8 @@ A call's body runs, by default, on TF's default executor, which hands every read
 to the inter-op thread pool. On CPU that costs about 5 us per node (thread wake-ups,
 scheduling), and stage functions execute about twice the nodes of unrolled copies
 (their ``_Arg``/``_Retval`` nodes, saved-tensor reads and writes, per-call constants):
-5-7% more CPU per step on the ResNet-style and MoE pipelines. TF's single-threaded
+5-7% more CPU per step on the ResNet-style and MoE pipelines in the pairs of
+2026-11-28. TF's single-threaded
 function executor (the call's ``executor_type`` attribute ``SINGLE_THREADED_EXECUTOR``)
 runs a body's nodes in order on the calling thread, with no hand-off per node; the
 kernels still use the intra-op pool.
@@ -39,8 +40,7 @@ from epl.tf_adapter import tf
 
 LOG = logging.getLogger("epl")
 SINGLE_THREADED = tf_functions.SINGLE_THREADED
-AUTO, DEFAULT = "auto", "default"
-CHOICES = (AUTO, DEFAULT)
+AUTO = "auto"  # pipeline.call_executor: the pass runs ("default": it does not)
 
 # TF's Node::IsControlFlow (switch, merge, enter, exit, next-iteration classes).
 _CONTROL_FLOW = frozenset([
