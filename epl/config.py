@@ -100,6 +100,17 @@ FIELDS = (
            "num_micro_batch; what a function cannot hold, such as TF1 control flow and "
            "split layers' collectives, stays ops of each repetition); \"unrolled\" copies "
            "the stage graph per repetition; \"auto\" is \"stage_functions\"."),
+    _F("pipeline", "call_executor", Kind.STR, "default", choices=("auto", "default"),
+       extension=True,
+       doc="EPL extension, for stage functions: which TensorFlow executor runs a call's "
+           "body. \"auto\" runs each CPU stage function whose body TF's single-threaded "
+           "executor accepts (all of it on the call's device, no control flow, calls, "
+           "collectives or waiting kernels) on that executor, its nodes in order on the "
+           "calling thread (kernels keep the intra-op threads), and the others, and every "
+           "GPU stage, on TF's default executor; the log names which. TF's traced steps do "
+           "not list the nodes of single-threaded bodies (EPL's memory and FLOPs profilers "
+           "warn). \"default\": TF's default executor for every call (measured no faster "
+           "on the ResNet-style and MoE pipelines, docs/design.md)."),
     _F("pipeline", "num_virtual_stages", Kind.INT, 1, minimum=1, extension=True,
        doc="EPL extension: model chunks per device (Megatron's interleaved 1F1B). With "
            "v > 1 the graph declares S * v epl.replicate(1) pipeline stages (S >= 2) and a "

@@ -12,6 +12,7 @@ from tensorflow.core.framework import node_def_pb2 as _node_def_pb2
 from tensorflow.core.framework import tensor_shape_pb2 as _tensor_shape_pb2
 from tensorflow.python.framework import function as _function
 from tensorflow.python.framework import function_def_to_graph as _fdef_to_graph
+from tensorflow.python.framework import op_def_registry as _op_def_registry
 from tensorflow.python.util import function_utils as _function_utils
 
 from epl import tf_adapter
@@ -19,6 +20,9 @@ from epl.tf_adapter import tf
 
 # The call ops whose bodies the profiler looks into.
 CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
+# A call's ``executor_type`` for TF's single-threaded function executor, whose nodes a
+# traced step does not list (epl.parallel.repeat.executors).
+SINGLE_THREADED = "SINGLE_THREADED_EXECUTOR"
 # A call's own function-level rewrites: off (see call_function).
 _DISABLED_REWRITES = _function_utils.get_disabled_rewriter_config()
 
@@ -178,3 +182,36 @@ def called_node_names(call_op):
             if node.op in CALL_OPS:
                 pending.append(node.attr["f"].func.name)
     return names
+
+
+def called_name(call_op):
+    """The name of the function ``call_op`` calls."""
+    return call_op.get_attr("f").name
+
+
+def function_definition(graph, name):
+    """The FunctionDef of function ``name`` of ``graph``'s library."""
+    return graph._get_function(name).definition  # pylint: disable=protected-access
+
+
+def set_call_executor(call_op, executor_type):
+    """Run ``call_op``'s body on TF's executor ``executor_type`` (the call's
+    ``executor_type`` attribute; empty: TF's default executor)."""
+    tf_adapter.set_attr(call_op, "executor_type",
+                        _attr_value_pb2.AttrValue(s=tf.compat.as_bytes(executor_type)))
+
+
+def single_threaded_calls(graph):
+    """The call ops of ``graph`` whose bodies run on TF's single-threaded executor."""
+    single = tf.compat.as_bytes(SINGLE_THREADED)
+    return [op for op in graph.get_operations()
+            if op.type in CALL_OPS and op.get_attr("executor_type") == single]
+
+
+def has_ref_outputs(op_type):
+    """True when op ``op_type`` (registered) has reference-typed outputs."""
+    if hasattr(_op_def_registry, "get"):  # TF 2.x: every registered op, through C
+        op_def = _op_def_registry.get(op_type)
+    else:  # TF 1.15: the ops the Python wrappers registered
+        op_def = _op_def_registry.get_registered_ops().get(op_type)
+    return op_def is not None and any(arg.is_ref for arg in op_def.output_arg)

@@ -38,6 +38,7 @@ from epl.parallel.passes.steps import SharedStepDependencies
 from epl.parallel.passes.sync import VariableSync
 from epl.parallel.plan import make_plan, specs_from_graph
 from epl.parallel.repeat import RepeatStep
+from epl.parallel.repeat.executors import CallExecutors
 
 LOG = logging.getLogger("epl")
 
@@ -63,6 +64,7 @@ PASSES = (
     EndOfInput(),
     VariableSync(),
     SnapshotState(),
+    CallExecutors(),
 )
 
 

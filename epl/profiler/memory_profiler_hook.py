@@ -29,6 +29,7 @@ import logging
 import os
 import re
 
+from epl import tf_functions
 from epl.profiler import run_metadata as run_metadata_lib
 from epl.profiler.units import device_tag, format_bytes
 from epl.tf_adapter import tf
@@ -157,6 +158,7 @@ class MemoryProfilerHook(tf.train.SessionRunHook):
         self._dump_metadata = bool(dump_metadata)
         self._top_k = top_k
         self._metadata_format = metadata_format
+        self._checked_calls = False  # warned about untraced bodies
         self._step = 0
         self._profiling = False
         self.last_stats = None
@@ -183,6 +185,9 @@ class MemoryProfilerHook(tf.train.SessionRunHook):
         if not self._profiling:
             return
         self._profiling = False
+        if not self._checked_calls:
+            self._checked_calls = True
+            _warn_untraced_bodies(run_context.session.graph)
         metadata = run_values.run_metadata
         stats = run_metadata_lib.device_memory_stats(metadata, top_k=self._top_k)
         self.last_stats = (self._step, stats)
@@ -192,6 +197,18 @@ class MemoryProfilerHook(tf.train.SessionRunHook):
             write_memory_report(self._output_dir, self._step, stats, self._visualize)
             if self._dump_metadata:
                 dump_run_metadata(self._output_dir, self._step, metadata, self._metadata_format)
+
+
+def _warn_untraced_bodies(graph):
+    """Say once that calls on TF's single-threaded executor (``pipeline.call_executor:
+    auto``) hide their bodies' allocations from a traced step."""
+    calls = tf_functions.single_threaded_calls(graph)
+    if calls:
+        LOG.warning("EPL memory profile: %d calls of stage functions run on TF's single-"
+                    "threaded executor (pipeline.call_executor=auto, e.g. %s); a traced step "
+                    "does not list the nodes inside them, so their allocations are missing "
+                    "from this profile. Set pipeline.call_executor=default to profile them.",
+                    len(calls), calls[0].name)
 
 
 def profile_memory(run_metadata, prefix_name=None, visualize=False, top_k=10):

@@ -10,14 +10,17 @@ import numpy as np
 import pytest
 
 import corpusutil
+import tensorflow.compat.v1 as tf
 from eplutil import MEASURED
 from realmodels import CORPUS, Bert, ResNet
+from test_call_executors import single_threaded_calls
 
 TOL = 2e-5
 MODES = {
     # mode: (runner, slices per step in the serial reference, moving statistics)
     "dp_1x2": (lambda m, a: corpusutil.run_dp(m, a, devices=2), 2, "first"),
-    "pipeline_2x2": (lambda m, a: corpusutil.run_pipeline(m, a, micro_batches=2), 2, "all"),
+    "pipeline_2x2": (lambda m, a: corpusutil.run_pipeline(  # single-threaded calls where TF can
+        m, a, micro_batches=2, config={"pipeline.call_executor": "auto"}), 2, "all"),
     "ga_2": (lambda m, a: corpusutil.run_ga(m, a, micro_batches=2), 2, "all"),
 }
 
@@ -35,6 +38,8 @@ def test_corpus_mode_matches_serial(model_class, mode):
     arrays = model.data(slices * model.batch * corpusutil.STEPS)
     ref_curve, reference = corpusutil.serial_reference(model, arrays, slices, stats=stats)
     curve, copies = runner(model, arrays)
+    if mode == "pipeline_2x2":  # CPU stage functions run single-threaded where TF can
+        assert single_threaded_calls(tf.get_default_graph())
     worst, where = corpusutil.max_difference(reference, copies, stats)
     _record(worst)
     assert worst < TOL, "%s differs from serial training by %.3g" % (where, worst)
