@@ -47,7 +47,8 @@ from epl.tf_adapter_state import (  # noqa: F401 (the adapter's face)
     VARIABLE_OP_TYPES, SaveableObject, SaveSpec, all_saveable_objects, assign_any_shape,
     assign_variable, assign_variable_on, checkpoint_problem, create_slots, finishing_with,
     is_resource_variable, is_state_tensor, is_variable, is_variable_initialized, is_variable_op,
-    read_variable, rebuild_saver, remote_variable, saver_var_list, touches_state, variable_dtype,
+    read_variable, rebuild_saver, remote_variable, restore_op_name, saver_var_list,
+    saver_with_deferred_restore, touches_state, variable_dtype,
     serialize_iterator, variable_shape, wrapped_optimizer_candidates, writes_variable,
     written_variables)
 from tensorflow.python.client import session as _session

@@ -9,11 +9,13 @@ import contextlib
 
 import tensorflow.compat.v1 as tf
 
-from epl.tf_adapter_graph import get_default_graph, is_ref_dtype, op_from_node
+from epl.tf_adapter_graph import (get_default_graph, is_ref_dtype, op_from_node,
+                                  undecorated_op_creation, unfinalized)
 from epl.tf_adapter_version import impl as _impl
 from tensorflow.python.ops import gen_resource_variable_ops as _gen_rv
 from tensorflow.python.ops import gen_state_ops as _gen_state
 from tensorflow.python.ops import variables as _variables
+from tensorflow.python.training import saver as _saver_lib
 from tensorflow.python.training.saving import saveable_object as _saveable
 from tensorflow.core.framework import attr_value_pb2 as _attr_value_pb2
 from tensorflow.core.framework import node_def_pb2 as _node_def_pb2
@@ -172,11 +174,78 @@ def checkpoint_problem(prefix):
 
 
 def rebuild_saver(saver, var_list):
-    """A Saver over ``var_list`` with ``saver``'s options; returns its SaverDef."""
+    """A Saver over ``var_list`` with ``saver``'s options (a deferred restore stays
+    deferred); returns its SaverDef."""
+    deferred = isinstance(saver._builder, _DeferredRestoreBuilder)
     rebuilt = tf.train.Saver(var_list, sharded=saver._sharded, max_to_keep=saver._max_to_keep,
                              keep_checkpoint_every_n_hours=saver._keep_checkpoint_every_n_hours,
-                             save_relative_paths=saver._save_relative_paths)
+                             save_relative_paths=saver._save_relative_paths, name=saver._name,
+                             builder=_DeferredRestoreBuilder() if deferred else None)
+    if deferred:
+        saver._builder = rebuilt._builder
     return rebuilt.saver_def
+
+
+def saver_with_deferred_restore(var_list, name):
+    """A ``tf.train.Saver`` over ``var_list`` (kept for every checkpoint) whose restore
+    ops are built when :func:`restore_op_name` first asks for them.
+
+    A Saver builds a read and an assign per saved tensor for its restore: on BERT-base
+    most of the time its construction takes, for a restore a healthy run never does.
+    Until then the SaverDef names a guard that fails loudly if run."""
+    return tf.train.Saver(var_list, max_to_keep=None, name=name,
+                          builder=_DeferredRestoreBuilder())
+
+
+def restore_op_name(saver):
+    """The name of ``saver``'s restore op, building it first if it was deferred (in the
+    scope, devices and graph the Saver was made in, finalized or not)."""
+    builder = saver._builder
+    if isinstance(builder, _DeferredRestoreBuilder) and builder.pending is not None:
+        saver.saver_def.restore_op_name = builder.build_restore().name
+    return saver.saver_def.restore_op_name
+
+
+class _DeferredRestoreBuilder(_saver_lib.BulkSaverBuilder):
+    """TF's Saver builder, but the restore ops it is asked for are recorded (with the
+    name scope and device stack of the moment) and built by :meth:`build_restore`."""
+
+    def __init__(self):
+        super(_DeferredRestoreBuilder, self).__init__()
+        self.pending = None
+        self._building = False
+
+    def _AddRestoreOps(self, *args, **kwargs):  # noqa: N802 (TF's name)
+        parent = super(_DeferredRestoreBuilder, self)._AddRestoreOps
+        return parent(*args, **kwargs) if self._building else self._defer(parent, args, kwargs)
+
+    def _AddShardedRestoreOps(self, *args, **kwargs):  # noqa: N802 (TF's name)
+        parent = super(_DeferredRestoreBuilder, self)._AddShardedRestoreOps
+        return parent(*args, **kwargs) if self._building else self._defer(parent, args, kwargs)
+
+    def _defer(self, build, args, kwargs):
+        graph = get_default_graph()
+        self.pending = (graph, graph.get_name_scope(), graph._device_function_stack.copy(),
+                        build, args, kwargs)
+        message = tf.constant("EPL: this Saver's restore ops were deferred; build them "
+                              "with tf_adapter.restore_op_name(saver) before restoring")
+        return tf.raw_ops.Assert(condition=tf.constant(False), data=[message],
+                                 name="restore_all")
+
+    def build_restore(self):
+        graph, scope, devices, build, args, kwargs = self.pending
+        outer = graph._device_function_stack
+        with unfinalized(graph), graph.as_default(), undecorated_op_creation(), \
+                tf.control_dependencies(None), tf.name_scope(scope + "/" if scope else None):
+            graph._device_function_stack = devices
+            self._building = True
+            try:
+                restore = build(*args, **kwargs)
+            finally:
+                self._building = False
+                graph._device_function_stack = outer
+        self.pending = None
+        return restore
 
 
 def assign_any_shape(var_op, value):

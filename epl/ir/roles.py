@@ -68,11 +68,11 @@ def global_step_ops(tf_graph):
     if step is None:
         return set()
     var_op = step.op
+    # its readers from its outputs' consumers (not every op's inputs: a TF call each)
     names = {var_op.name}
+    names.update(op.name for output in var_op.outputs for op in output.consumers())
     for op in tf_graph.get_operations():
-        if any(t.op is var_op for t in op.inputs):
-            names.add(op.name)
-        elif tf_adapter.colocation_root(op) == var_op.name:
+        if op.name not in names and tf_adapter.colocation_root(op) == var_op.name:
             names.add(op.name)
     return names
 

@@ -20,7 +20,10 @@ The pass gives the session layer (:mod:`epl.session.resume`) a
 * **what cannot be resumed exactly**, found here: queue runners, and stateful random
   ops in the step (dropout: TF 1 keeps their state in the kernel, it restarts).
 
-None of these savers is in a collection: the user's own checkpoints are unchanged.
+None of these savers is in a collection: the user's own checkpoints are unchanged. Their
+restore ops (a read and an assign per saved tensor, most of a Saver's construction) are
+built only when a resume restores (``tf_adapter.saver_with_deferred_restore``): a
+healthy run never builds them.
 """
 import logging
 
@@ -86,8 +89,8 @@ def _updates(ctx):
 
 
 def _model_saver():
-    return tf.train.Saver(tf_adapter.all_saveable_objects(), max_to_keep=None,
-                          name="EPL_SNAPSHOT_model")
+    return tf_adapter.saver_with_deferred_restore(tf_adapter.all_saveable_objects(),
+                                                  "EPL_SNAPSHOT_model")
 
 
 class IteratorState(tf_adapter.SaveableObject):
@@ -119,8 +122,8 @@ def _input_savers(tf_graph):
     for op in tf_graph.get_operations():
         if op.type in ITERATOR_TYPES and "/%s/" % END_OF_INPUT_STOP not in "/" + op.name:
             saveable = IteratorState(op)
-            saver = tf.train.Saver([saveable], max_to_keep=None,
-                                   name="EPL_SNAPSHOT_input_%d" % len(found))
+            saver = tf_adapter.saver_with_deferred_restore(
+                [saveable], "EPL_SNAPSHOT_input_%d" % len(found))
             found.append(InputState(op.name, saver, saveable.state))
     return found
 

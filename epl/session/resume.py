@@ -366,5 +366,8 @@ def _run_save(session, run, saver, path):
 
 
 def _run_restore(session, run, saver, path):
-    definition = saver.saver_def
-    run(session, definition.restore_op_name, {definition.filename_tensor_name: path})
+    """Restore ``saver`` from ``path``; its restore ops are built now if they were
+    deferred (a snapshot Saver's: only a resume needs them, in a finalized graph that
+    the session extends at this run)."""
+    restore = tf_adapter.restore_op_name(saver)
+    run(session, restore, {saver.saver_def.filename_tensor_name: path})

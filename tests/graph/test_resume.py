@@ -149,9 +149,15 @@ def _train(name, checkpoints, snapshots, kill_after=None):
                     save_summaries_steps=None, hooks=hooks) as sess:
                 while not sess.should_stop():
                     sess.run(train)
-                return _values(sess._tf_sess())  # pylint: disable=protected-access
+                return _values(sess._tf_sess()), _snapshot_restores(sess.graph)
         except Killed:
             return None
+
+
+def _snapshot_restores(graph):
+    """Restore ops of EPL's snapshot Savers (made only when a resume restores)."""
+    return [op.name for op in graph.get_operations()
+            if op.type == "RestoreV2" and op.name.startswith("EPL_SNAPSHOT_")]
 
 
 def _max_diff(reference, resumed):
@@ -181,10 +187,13 @@ def _kill_step(name):
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_a_killed_run_resumes_exactly(name, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="epl")
-    reference = _train(name, str(tmp_path / "ref_ckpt"), str(tmp_path / "ref_snap"))
+    reference, healthy_restores = _train(name, str(tmp_path / "ref_ckpt"),
+                                         str(tmp_path / "ref_snap"))
     checkpoints, snapshots = str(tmp_path / "ckpt"), str(tmp_path / "snap")
     assert _train(name, checkpoints, snapshots, kill_after=_kill_step(name)) is None
-    resumed = _train(name, checkpoints, snapshots)
+    resumed, resume_restores = _train(name, checkpoints, snapshots)
     assert "resuming from the snapshot of step" in caplog.text
+    # a healthy run builds no restore for its snapshots; the resume built them
+    assert healthy_restores == [] and resume_restores
     assert _max_diff(reference, resumed) <= TOL
     assert int(resumed["global_step"][0]) == LAST_STEP
