@@ -31,11 +31,11 @@ def _record(value):
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("model_class", CORPUS, ids=[c.name for c in CORPUS])
-def test_corpus_mode_matches_serial(model_class, mode):
+def test_corpus_mode_matches_serial(model_class, mode, corpus_reference):
     runner, slices, stats = MODES[mode]
     model = model_class()
     arrays = model.data(slices * model.batch * corpusutil.STEPS)
-    ref_curve, reference = corpusutil.serial_reference(model, arrays, slices, stats=stats)
+    ref_curve, reference = corpus_reference(model, arrays, slices, stats)
     curve, copies = runner(model, arrays)
     worst, where = corpusutil.max_difference(reference, copies, stats)
     _record(worst)
@@ -79,14 +79,14 @@ SAVER_RUNNERS = {
     (Bert, "pipeline_2x2+gc+offload+grouped")],
     ids=["resnet-dp_1x2+offload+grouped", "resnet-pipeline_2x2+gc+offload+grouped",
          "bert-dp_1x2+offload+grouped", "bert-pipeline_2x2+gc+offload+grouped"])
-def test_corpus_with_memory_savers_matches_serial(model_class, case):
+def test_corpus_with_memory_savers_matches_serial(model_class, case, corpus_reference):
     """Memory savers composed on the batch-norm ResNet and the BERT-style encoder
     (tests/graph/test_saver_composition.py has the full matrix on a small model)."""
     layout, savers = SAVER_MODES[case]
     _, slices, stats = MODES[layout]
     model = model_class()
     arrays = model.data(slices * model.batch * corpusutil.STEPS)
-    ref_curve, reference = corpusutil.serial_reference(model, arrays, slices, stats=stats)
+    ref_curve, reference = corpus_reference(model, arrays, slices, stats)
     curve, copies = SAVER_RUNNERS[layout](model, arrays, dict(savers))
     worst, where = corpusutil.max_difference(reference, copies, stats)
     _record(worst)
