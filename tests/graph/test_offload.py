@@ -101,11 +101,11 @@ CORPUS_CASES = [(model, mode) for mode in sorted(MODES) for model in CORPUS
 
 @pytest.mark.parametrize("model_class,mode", CORPUS_CASES,
                          ids=["%s-%s" % (model.name, mode) for model, mode in CORPUS_CASES])
-def test_corpus_matches_serial_training(model_class, mode):
+def test_corpus_matches_serial_training(model_class, mode, corpus_reference):
     runner, slices, stats = MODES[mode]
     model = model_class()
     arrays = model.data(slices * model.batch * corpusutil.STEPS)
-    _, reference = corpusutil.serial_reference(model, arrays, slices, stats=stats)
+    _, reference = corpus_reference(model, arrays, slices, stats)
     _, copies = runner(model, arrays)
     worst, where = corpusutil.max_difference(reference, copies, stats)
     _record(worst)
