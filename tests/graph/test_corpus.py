@@ -45,12 +45,12 @@ def test_corpus_mode_matches_serial(model_class, mode, corpus_reference):
         np.testing.assert_allclose(curve, ref_curve, rtol=1e-5, atol=1e-6)
 
 
-def test_single_threaded_stage_bodies_match_serial():
+def test_single_threaded_stage_bodies_match_serial(corpus_reference):
     """pipeline.call_executor: auto on the batch-norm CNN (the shape it was built for):
     the corpus rows above keep TF's default executor, the default."""
     model = ResNet()
     arrays = model.data(2 * model.batch * corpusutil.STEPS)
-    ref_curve, reference = corpusutil.serial_reference(model, arrays, 2, stats="all")
+    ref_curve, reference = corpus_reference(model, arrays, 2, "all")
     curve, copies = corpusutil.run_pipeline(
         model, arrays, micro_batches=2, config={"pipeline.call_executor": "auto"})
     assert single_threaded_calls(tf.get_default_graph())
