@@ -25,8 +25,7 @@ TIMEOUT = 120
 def worker(args):
     """One worker: build a graph of one all-reduce, time ``repeats`` runs, print BENCH."""
     import numpy as np
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     config = tf.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
     if args.backend == "horovod":
         import horovod.tensorflow as hvd

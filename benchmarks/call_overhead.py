@@ -44,9 +44,8 @@ SHOWN = ("_Arg", "_Retval", "StatefulPartitionedCall", "TensorArrayReadV3",
 
 def child(args):
     """Build one lowering, warm up, time and trace steady steps; print a BENCH line."""
-    import tensorflow.compat.v1 as tf
+    tf = common.graph_mode_tf()
     import shapes
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
     if args.rewrite_bodies:
         from epl import tf_functions
         tf_functions._DISABLED_REWRITES = b""  # pylint: disable=protected-access

@@ -12,8 +12,10 @@ failure is diagnosable:
   people), both stamped with the command line, date and environment
   (:mod:`results_files`, whose names this module re-exports).
 
-This module never imports TensorFlow: the driver stays fast to start, and the
-worker side (``bench_line``, ``install_deadline``) is importable from workers.
+This module never imports TensorFlow at module level: the driver stays fast to
+start, and the worker side (``bench_line``, ``install_deadline``) is importable
+from workers. Children that need TensorFlow get it from :func:`graph_mode_tf`,
+which imports it when called.
 """
 import argparse
 import collections
@@ -85,6 +87,20 @@ def measure_tensors_not_chunks():
     allocator, which epl.init selects for CPU jobs, a tensor's bytes are the chunk it got
     (up to about 2x, varying with the allocator's history). Their tables predate it too."""
     os.environ.setdefault(BFC_VARIABLE, "0")
+
+
+def graph_mode_tf():
+    """``tensorflow.compat.v1`` with v2 behaviour off, for every benchmark child.
+
+    EPL rewrites graphs, so it needs graph mode: on TF 2.x v2 behaviour (eager
+    execution, resource variables, v2 control flow) must be off before any graph
+    is built; on TF 1.15 this is a no-op. One function instead of a line in each
+    child, so a new benchmark cannot forget it (tests/unit/test_benchmark_graph_mode.py
+    checks every script gets TensorFlow through here). TensorFlow is imported here,
+    never when this module loads."""
+    import tensorflow.compat.v1 as tf
+    tf.disable_v2_behavior()
+    return tf
 
 
 def bench_line(payload):

@@ -42,8 +42,7 @@ CORPUS_MODES = {"plain": ("plain", None, None), "dp2": ("dp", None, None),
 
 
 def child(args):
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     import shapes
     mode, lowering, extra = CORPUS_MODES[args.mode]
     built = shapes.train_op(tf, args.shape, mode, lowering, extra=extra)

@@ -26,8 +26,7 @@ CASES = [(4, 256), (16, 4096), (64, 16384), (256, 4096), (16, 262144)]  # (tenso
 
 def _graph(count, size, fused):
     """A graph doing one pack + unpack of ``count`` tensors of ``size`` floats."""
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     from epl.communicators import fusion
     os.environ["EPL_DISABLE_OP_LIBRARY"] = "0" if fused else "1"
     fusion.library._STATE.clear()  # pylint: disable=protected-access
@@ -46,8 +45,7 @@ def _graph(count, size, fused):
 
 
 def _time(count, size, fused, repeats):
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     graph, init, checksum, packed, kinds = _graph(count, size, fused)
     config = tf.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
     with tf.Session(graph=graph, config=config) as sess:
@@ -83,7 +81,7 @@ def main(argv=None):
                      "yes" if identical else "NO"])
         print("tensors=%d floats=%d: concat/split %.0f us, pack/unpack %.0f us"
               % (count, size, tf_us, fused_us), flush=True)
-    import tensorflow as tf
+    tf = common.graph_mode_tf()
     info = common.environment_info(sys.argv)
     info["tensorflow"] = tf.__version__
     table = common.markdown_table(

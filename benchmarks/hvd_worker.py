@@ -72,8 +72,7 @@ def stage(message):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     common.install_deadline(args.deadline, "hvd_worker")
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
 
     tf.logging.set_verbosity(tf.logging.ERROR)
     hvd, horovod_version = None, None

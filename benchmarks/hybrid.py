@@ -85,8 +85,7 @@ def byte_counts(tf, tensors):
 
 def child(args):
     common.install_deadline(args.timeout, "hybrid benchmark child")
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     import epl
     from epl.cluster import Cluster
     _, colocate, micro_batches = LAYOUTS[args.child_layout]

@@ -208,8 +208,7 @@ def device_report(run_metadata, graph, view):
 
 def worker(args):
     common.install_deadline(args.deadline, "memory worker")
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     import epl
     tf.logging.set_verbosity(tf.logging.ERROR)
     epl.init(epl.Config(json.loads(args.config)))

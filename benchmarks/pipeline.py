@@ -93,8 +93,7 @@ def child(args):
     """Measure one configuration in this process; print one BENCH line (with
     ``--serve``: serve single steps to a paired driver, see paired.py)."""
     os.environ["EPL_NUM_VIRTUAL_DEVICES"] = str(args.devices_per_worker)
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     import epl
     tf.logging.set_verbosity(tf.logging.ERROR)
     m = args.child_micro_batches

@@ -44,8 +44,7 @@ ISOLATED_TITLE = "## Stages on their own cores"
 def child(args):
     """Serve single steps of one configuration to the driver (paired.py)."""
     os.environ["EPL_NUM_VIRTUAL_DEVICES"] = str(DEVICES)
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     import epl
     tf.logging.set_verbosity(tf.logging.ERROR)
     epl.init(epl.Config({"pipeline.num_micro_batch": args.child_micro_batches,

@@ -80,8 +80,7 @@ SWEEPS = {
 
 def child(args):
     """One measurement in this process; prints a BENCH line."""
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     import transformer
     size = dict(transformer.SIZES[args.size], layers=args.layers)
     devices = args.stages * args.replicas

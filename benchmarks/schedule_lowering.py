@@ -37,9 +37,8 @@ import results_files  # noqa: E402
 def child(args):
     """Build the shape ``--repeats`` times in fresh graphs and rewrite it; print the
     fastest pass and rewrite CPU seconds."""
-    import tensorflow.compat.v1 as tf
+    tf = common.graph_mode_tf()
     import shapes
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
     import epl
     from epl.parallel import rewriter, session_hooks
     from epl.parallel.passes.pipeline import ScheduleLowering

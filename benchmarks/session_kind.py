@@ -65,8 +65,7 @@ def _place_whole_graph():
 
 def child(args):
     """Build one mode of one shape; open its session locally or on a one-task server."""
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     import shapes
     mode, lowering = CORPUS_MODES[args.mode]
     built = shapes.train_op(tf, args.shape, mode, lowering)

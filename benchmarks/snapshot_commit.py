@@ -132,8 +132,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=common.positive_int, default=3)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args(argv)
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()
+    tf = common.graph_mode_tf()
     started = time.time()
     scratch = tempfile.mkdtemp(prefix="epl_bench_snapshot_")
     try:

@@ -60,8 +60,7 @@ def _snapshot_bytes(directory):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     common.install_deadline(args.deadline, "snapshot_worker")
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()
+    tf = common.graph_mode_tf()
     import epl
     train, config = _build(tf, epl, args.model)
     steps = []

@@ -45,8 +45,7 @@ def worker(args):
     """Train the table ``args.steps`` timed steps; worker 0 prints BENCH."""
     common.install_deadline(TIMEOUT - 60)
     import numpy as np
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()
+    tf = common.graph_mode_tf()
     import epl
     epl.init()
     epl.set_default_strategy(epl.replicate(1))

@@ -125,8 +125,7 @@ def child(args):
     common.install_deadline(args.timeout - 10, "split benchmark child")
     devices, layout = args.child_devices, args.child_layout
     os.environ["EPL_NUM_VIRTUAL_DEVICES"] = str(devices)
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     import epl
     from epl.profiler.run_metadata import device_memory_stats
     tf.logging.set_verbosity(tf.logging.ERROR)

@@ -98,8 +98,7 @@ def summarize(traces):
 def child(args):
     """One schedule in this process: CPU per untraced step, then the traced summary."""
     os.environ["EPL_NUM_VIRTUAL_DEVICES"] = "2"
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     import epl
     import pipeline
     tf.logging.set_verbosity(tf.logging.ERROR)

@@ -166,8 +166,7 @@ def _lowering(tf):
 
 def child(args):
     """Build, create the session, first step, steady steps; one BENCH line."""
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     import shapes
     log, phases = [], Phases()
     _record_runs(log)

@@ -64,8 +64,7 @@ LOWERINGS = ("stage_functions", "unrolled")
 def child(args):
     """Build, first step, warm-up, then one timed step per line read from stdin
     (a BENCH line each), until stdin closes."""
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     import shapes
     built = shapes.train_op(tf, args.shape, args.mode, args.lowering, args.micro_batches)
     config = tf.ConfigProto(device_count={"CPU": built.devices})

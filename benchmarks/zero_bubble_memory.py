@@ -92,8 +92,7 @@ def session_peaks(tf, model, settings, traced):
 
 def measure(args):
     """[{model, lowering, schedule, peaks, ratios}] for every row."""
-    import tensorflow.compat.v1 as tf
-    tf.disable_v2_behavior()  # TF 2.x: graph mode, as EPL needs (a no-op on TF 1.15)
+    tf = common.graph_mode_tf()
     rows = []
     for model in args.models:
         for lowering in LOWERINGS:

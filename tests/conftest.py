@@ -63,6 +63,28 @@ def _epl_clean_state(monkeypatch):
         sys.modules["epl.env"].reset()
 
 
+@pytest.fixture(scope="module")
+def corpus_reference():
+    """``corpusutil.serial_reference(model, arrays, slices, stats=stats)``, trained once per
+    model class and settings, data, slices and (for a model with moving statistics, the
+    only ones where it changes the reference) ``stats`` in a test module's process: the
+    modes of one model compare against the same serial run instead of training it again
+    per test (tests/graph/test_corpus.py trained BERT's five times). The serial run is
+    deterministic; tests only read the curve and values it returns."""
+    import numpy as np
+    import corpusutil
+    memo = {}
+
+    def reference(model, arrays, slices, stats="all"):
+        key = (type(model), tuple(sorted(vars(model).items())),
+               tuple(np.asarray(a).tobytes() for a in arrays), slices,
+               stats if model.moving_stats else None)
+        if key not in memo:
+            memo[key] = corpusutil.serial_reference(model, arrays, slices, stats=stats)
+        return memo[key]
+    return reference
+
+
 def _timeout_of(item):
     """The pytest-timeout limit of ``item`` (its marker, else setup.cfg's), or None."""
     marker = item.get_closest_marker("timeout")

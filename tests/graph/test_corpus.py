@@ -31,11 +31,11 @@ def _record(value):
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("model_class", CORPUS, ids=[c.name for c in CORPUS])
-def test_corpus_mode_matches_serial(model_class, mode):
+def test_corpus_mode_matches_serial(model_class, mode, corpus_reference):
     runner, slices, stats = MODES[mode]
     model = model_class()
     arrays = model.data(slices * model.batch * corpusutil.STEPS)
-    ref_curve, reference = corpusutil.serial_reference(model, arrays, slices, stats=stats)
+    ref_curve, reference = corpus_reference(model, arrays, slices, stats)
     curve, copies = runner(model, arrays)
     worst, where = corpusutil.max_difference(reference, copies, stats)
     _record(worst)
@@ -45,12 +45,12 @@ def test_corpus_mode_matches_serial(model_class, mode):
         np.testing.assert_allclose(curve, ref_curve, rtol=1e-5, atol=1e-6)
 
 
-def test_single_threaded_stage_bodies_match_serial():
+def test_single_threaded_stage_bodies_match_serial(corpus_reference):
     """pipeline.call_executor: auto on the batch-norm CNN (the shape it was built for):
     the corpus rows above keep TF's default executor, the default."""
     model = ResNet()
     arrays = model.data(2 * model.batch * corpusutil.STEPS)
-    ref_curve, reference = corpusutil.serial_reference(model, arrays, 2, stats="all")
+    ref_curve, reference = corpus_reference(model, arrays, 2, "all")
     curve, copies = corpusutil.run_pipeline(
         model, arrays, micro_batches=2, config={"pipeline.call_executor": "auto"})
     assert single_threaded_calls(tf.get_default_graph())
@@ -79,14 +79,14 @@ SAVER_RUNNERS = {
     (Bert, "pipeline_2x2+gc+offload+grouped")],
     ids=["resnet-dp_1x2+offload+grouped", "resnet-pipeline_2x2+gc+offload+grouped",
          "bert-dp_1x2+offload+grouped", "bert-pipeline_2x2+gc+offload+grouped"])
-def test_corpus_with_memory_savers_matches_serial(model_class, case):
+def test_corpus_with_memory_savers_matches_serial(model_class, case, corpus_reference):
     """Memory savers composed on the batch-norm ResNet and the BERT-style encoder
     (tests/graph/test_saver_composition.py has the full matrix on a small model)."""
     layout, savers = SAVER_MODES[case]
     _, slices, stats = MODES[layout]
     model = model_class()
     arrays = model.data(slices * model.batch * corpusutil.STEPS)
-    ref_curve, reference = corpusutil.serial_reference(model, arrays, slices, stats=stats)
+    ref_curve, reference = corpus_reference(model, arrays, slices, stats)
     curve, copies = SAVER_RUNNERS[layout](model, arrays, dict(savers))
     worst, where = corpusutil.max_difference(reference, copies, stats)
     _record(worst)

@@ -101,12 +101,12 @@ CASES = ([(model, mode, "auto") for model in sorted(MODELS) for mode in sorted(M
 
 
 @pytest.mark.parametrize("model_name,mode,kind", CASES)
-def test_corpus_matches_serial_training(model_name, mode, kind):
+def test_corpus_matches_serial_training(model_name, mode, kind, corpus_reference):
     runner, slices, stats = MODES[mode]
     plain_class, marked_class = MODELS[model_name]
     model = (marked_class if kind == "collection" else plain_class)()
     arrays = model.data(slices * model.batch * corpusutil.STEPS)
-    ref_curve, reference = corpusutil.serial_reference(model, arrays, slices, stats=stats)
+    ref_curve, reference = corpus_reference(model, arrays, slices, stats)
     curve, copies = runner(model, arrays, {"gradient_checkpoint.type": kind})
     if len(curve) == len(ref_curve):  # fetched losses too (not only the weights)
         np.testing.assert_allclose(curve, ref_curve, rtol=1e-5)

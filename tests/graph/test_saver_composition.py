@@ -124,12 +124,14 @@ def _check_savers_acted(config):
         assert any(RECOMPUTE_SCOPE in n for n in names), "gradient checkpointing did not act"
 
 
-def _run_cell(config, layout):
+def _run_cell(config, layout, corpus_reference):
+    """``corpus_reference``: conftest's fixture, one serial run per layout's slices for
+    the whole matrix (tests read it, never change it)."""
     runner, slices, stats = LAYOUTS[layout]
     model = OddSizes()
     arrays = model.data(slices * model.batch * corpusutil.STEPS)
     with tf.Graph().as_default():
-        ref_curve, reference = corpusutil.serial_reference(model, arrays, slices, stats=stats)
+        ref_curve, reference = corpus_reference(model, arrays, slices, stats)
     curve, copies = runner(model, arrays, dict(config))
     _check_savers_acted(config)
     return ref_curve, reference, _step_curve(curve, layout), copies, stats
@@ -137,8 +139,9 @@ def _run_cell(config, layout):
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("saver", sorted(FP32_SAVERS))
-def test_float32_savers_match_serial(saver, layout):
-    ref_curve, reference, curve, copies, stats = _run_cell(FP32_SAVERS[saver], layout)
+def test_float32_savers_match_serial(saver, layout, corpus_reference):
+    ref_curve, reference, curve, copies, stats = _run_cell(FP32_SAVERS[saver], layout,
+                                                           corpus_reference)
     if "zero.level" in FP32_SAVERS[saver]:  # slots live on their owners only (compared in
         reference = dict((n, v) for n, v in reference.items()  # test_zero_checkpoint_layouts)
                          if not _is_slot(n) or "_power" in n)
@@ -156,8 +159,9 @@ def _is_slot(name):
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("saver", sorted(AMP_SAVERS))
-def test_amp_savers_match_float32_serial(saver, layout):
-    ref_curve, reference, curve, copies, _ = _run_cell(AMP_SAVERS[saver], layout)
+def test_amp_savers_match_float32_serial(saver, layout, corpus_reference):
+    ref_curve, reference, curve, copies, _ = _run_cell(AMP_SAVERS[saver], layout,
+                                                       corpus_reference)
     np.testing.assert_allclose(curve, ref_curve, rtol=AMP_RTOL)
     weights = dict((n, v) for n, v in copies.items()
                    if n in reference and corpusutil.compared(n) and not _is_slot(n))

@@ -3,7 +3,6 @@ ancestors it remembers between walks build the same Identities in the same place
 walking every entrance afresh, and a walk that stops at its limit says so, once."""
 import logging
 
-import pytest
 import tensorflow.compat.v1 as tf
 
 import corpusutil
@@ -47,17 +46,8 @@ def _sends(graph):
     return sorted(found)
 
 
-CASES = [("mlp", "ZeroBubble"), ("bert", "PreferBackward")]
-
-
-@pytest.mark.parametrize("model,strategy", CASES, ids=["%s-%s" % c for c in CASES])
-def test_remembered_ancestors_build_the_sends_fresh_walks_build(monkeypatch, model, strategy):
-    """The lowering walks each entrance's ancestors once and reuses them; with the
-    reuse off (every question a fresh walk, the lowering before issue 40f) the graph
-    gets exactly the same send Identities, reading the same tensors, after the same
-    barriers, read by the same inputs."""
-    build = (lambda: _build(Bert(), strategy)) if model == "bert" else (
-        lambda: _build("mlp", strategy))
+def _count_walks(monkeypatch):
+    """The list every fresh walk (``_waits_for_all``) is appended to from now on."""
     walked = []
     fresh = pipeline._waits_for_all  # pylint: disable=protected-access
 
@@ -65,28 +55,54 @@ def test_remembered_ancestors_build_the_sends_fresh_walks_build(monkeypatch, mod
         walked.append(op)
         return fresh(op, exits, limit)
     monkeypatch.setattr(pipeline, "_waits_for_all", counted)
-    remembered = build()
+    return walked
+
+
+def _assert_fresh_walks_build_the_same(monkeypatch, build, remembered, walked):
+    """``remembered`` was built without a fresh walk; with the reuse off (every question
+    a fresh walk) ``build`` builds it again."""
     assert remembered and not walked, walked  # every answer came from what was remembered
     monkeypatch.setattr(pipeline._Sends, "_ancestors", lambda self, op, entering, depth=0: None)
     assert build() == remembered
     assert walked
 
 
-def test_a_walk_stopped_at_its_limit_is_a_warning_once_per_graph(monkeypatch, caplog):
-    """Past its limit a walk cannot tell whether an entrance waits for every exit; the
-    tensor is then not sent through an Identity (speed, not results), and the graph's
-    rewrite logs it once, naming the limit and the entrance."""
+def test_remembered_ancestors_build_the_sends_fresh_walks_build(monkeypatch):
+    """The lowering walks each entrance's ancestors once and reuses them; with the
+    reuse off (every question a fresh walk, the lowering before issue 40f) the graph
+    gets exactly the same send Identities, reading the same tensors, after the same
+    barriers, read by the same inputs. (ZeroBubble on the MLP here; PreferBackward on
+    BERT in the test below, which shares its costly builds.)"""
+    walked = _count_walks(monkeypatch)
+    build = lambda: _build("mlp", "ZeroBubble")
+    _assert_fresh_walks_build_the_same(monkeypatch, build, build(), walked)
+
+
+def test_bert_sends_from_remembered_ancestors_fresh_walks_and_a_limited_walk(
+        monkeypatch, caplog):
+    """On BERT with PreferBackward: the remembered ancestors build the sends fresh walks
+    build (as above), and past its limit a walk cannot tell whether an entrance waits
+    for every exit; the tensor is then not sent through an Identity (speed, not
+    results), and the graph's rewrite logs it once, naming the limit and the entrance.
+    One test: BERT's builds are this file's cost, and the full-limit build is the
+    baseline of both checks."""
+    walked = _count_walks(monkeypatch)
+    build = lambda: _build(Bert(), "PreferBackward")
+    everything = build()
+    assert everything and not walked, walked  # every answer came from what was remembered
     readers = lambda sends: sum(len(send[3]) for send in sends)
-    everything = readers(_build(Bert(), "PreferBackward"))
     original = pipeline._Sends.__init__
 
     def small(self, graph, limit=4096):
         original(self, graph, limit=1)
-    monkeypatch.setattr(pipeline._Sends, "__init__", small)
-    with caplog.at_level(logging.WARNING, logger="epl"):
-        some = readers(_build(Bert(), "PreferBackward"))
+    with monkeypatch.context() as limited:
+        limited.setattr(pipeline._Sends, "__init__", small)
+        with caplog.at_level(logging.WARNING, logger="epl"):
+            some = readers(build())
     warnings = [r.getMessage() for r in caplog.records
                 if "stopped after walking 1 ops above" in r.getMessage()]
     assert len(warnings) == 1, warnings
     assert "speed, never results" in warnings[0]
-    assert some < everything
+    assert some < readers(everything)
+    del walked[:]  # the limited build's own walks, not the full-limit build's
+    _assert_fresh_walks_build_the_same(monkeypatch, build, everything, walked)
