@@ -463,6 +463,16 @@ def rerun_while_disturbed(run, reruns):
     return best
 
 
+def share_of_gain(ratio, predicted_ratio):
+    """How much of a schedule's predicted gain a measured step ratio reached, as a
+    percentage for a table ("-" where the simulator predicts no gain at all, such as
+    ZeroBubble with fewer micro-batches than stages: there is no share to give)."""
+    predicted_gain = 1 - predicted_ratio
+    if abs(predicted_gain) < 1e-9:
+        return "-"
+    return "%.0f%%" % (100 * (1 - ratio) / predicted_gain)
+
+
 def positive_int(text):
     """argparse type: an int >= 1 (ValueError otherwise)."""
     value = int(text)

@@ -263,8 +263,7 @@ def pairs_report(pairs, found, count):
             median, low, high = by_label[label]
             predicted = simulated(strategy, m, memory)[0] / float(base)
             rows.append([label, m, "%.3f" % median, "%.3f-%.3f" % (low, high),
-                         "%.3f" % predicted,
-                         "%.0f%%" % (100 * (1 - median) / (1 - predicted))])
+                         "%.3f" % predicted, common.share_of_gain(median, predicted)])
     return ["## ZeroBubble against PreferBackward, paired steps", "",
             "Both schedules alive as two processes, single steps alternated (A B B A ...), "
             "%d pairs; the median ratio of adjacent steps, robust to the machine's load, "

@@ -212,9 +212,7 @@ def report_lines(found, args):
     rows = []
     for m, by_label in sorted(found.items()):
         for label, r in by_label.items():
-            predicted_gain = 1 - r["simulated"]
-            gain = ("%.0f%%" % (100 * (1 - r["median"]) / predicted_gain)
-                    if abs(predicted_gain) > 1e-9 else "-")
+            gain = common.share_of_gain(r["median"], r["simulated"])
             rows.append([label, m, "%.0f" % (r["base_step_seconds"] * 1e3),
                          "%.0f" % (r["step_seconds"] * 1e3), "%.3f" % r["median"],
                          "%.3f-%.3f" % tuple(r["quartiles"]), "%.3f" % r["simulated"], gain,

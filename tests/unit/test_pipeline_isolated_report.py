@@ -122,3 +122,18 @@ def test_late_sends_count_the_send_identities_where_a_trace_has_no_send():
     tf1 = Proto(step_stats=Proto(dev_stats=tf2.step_stats.dev_stats + [
         Proto(device="/host:CPU", node_stats=host)]))
     assert isolated.late_sends([tf1]) == (0, 1)
+
+
+def test_the_paired_table_gives_no_share_where_no_gain_is_predicted():
+    """pipeline.py's paired rows: the simulator predicts ZeroBubble with its memory held
+    per stage no gain at 2 stages (it runs 1F1B there), so the share of the predicted
+    gain is "-" (it divided by zero before)."""
+    spec = importlib.util.spec_from_file_location(
+        "pipeline_bench", os.path.join(ROOT, "benchmarks", "pipeline.py"))
+    pipeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pipeline)
+    labels = [label for label, _, _ in pipeline.SCHEDULES[2:]]
+    pairs = {4: {label: (0.90, 0.85, 0.95) for label in labels}}
+    table = "\n".join(pipeline.pairs_report(pairs, {}, 8))
+    assert "| ZeroBubble, memory per stage | 4 | 0.900 | 0.850-0.950 | 1.000 | - |" in table
+    assert "| ZeroBubble | 4 | 0.900 | 0.850-0.950 | 0.867 | 75% |" in table
